@@ -1,0 +1,72 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from streamkit_server.api import admin, auth, members, monitoring
+from streamkit_server.api.errors import install_error_handlers
+from streamkit_server.api.runtime import Runtime
+from streamkit_server.settings import ServerSettings
+
+__all__ = ["create_app"]
+
+
+def create_app(settings: ServerSettings, *, admin_password: str, token_secret: bytes) -> FastAPI:
+    """Build the app; Redis is connected by the lifespan (``runtime.start``)."""
+    runtime = Runtime(settings, admin_password, token_secret)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.stop()
+
+    app = FastAPI(
+        title="Redis Stream Coordinator API (streamkit)",
+        version="v1",
+        lifespan=lifespan,
+        max_body_size=settings.max_body_bytes,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.runtime = runtime
+    install_error_handlers(app)
+    for module in (auth, admin, members, monitoring):
+        app.include_router(module.router)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz(request: Request) -> JSONResponse:
+        # Unauthenticated probe for load balancers: 503 once terminating, so
+        # traffic moves away while in-flight work finishes.
+        if runtime.gate.terminating:
+            return JSONResponse({"status": "TERMINATING"}, status_code=503)
+        return JSONResponse({"status": "UP", "coordinatorId": runtime.coordinator_id})
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            components = schema.setdefault("components", {})
+            components["securitySchemes"] = {
+                "basicAuth": {"type": "http", "scheme": "basic"},
+                "bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "HMAC-SHA256"},
+            }
+            schema["security"] = [{"bearerAuth": []}, {"basicAuth": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,141 @@
+"""Every error as ``ErrorResponse`` JSON: ``{status, errorCode, message}``.
+
+``status`` is the HTTP status code as a string (``"400"``), for every error.
+Nothing a client can send is answered 500: validation, routing, method, body
+size and JSON errors all map to 4xx here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from streamkit.protocol import ErrorResponse
+from streamkit_server.errors import ApiError
+from streamkit_server.gate import CoordinatorTerminating
+from streamkit_server.mutex import MutexTimeout
+from streamkit_server.security import AuthError
+from streamkit_server.store import StoreError
+
+__all__ = ["error_response", "install_error_handlers"]
+
+log = logging.getLogger("streamkit_server.api")
+
+_HTTP_CODES = {
+    400: "BAD_REQUEST",
+    401: "UNAUTHORIZED",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    406: "NOT_ACCEPTABLE",
+    413: "PAYLOAD_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+    422: "UNPROCESSABLE",
+    429: "TOO_MANY_REQUESTS",
+}
+
+
+def error_response(
+    status_code: int, error_code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = ErrorResponse(status=str(status_code), error_code=error_code, message=message)
+    return JSONResponse(body.to_wire(), status_code=status_code, headers=headers)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = ".".join(str(part) for part in error.get("loc", ()))
+    msg = error.get("msg", "invalid value")
+    if error.get("type") == "json_invalid":
+        ctx = error.get("ctx") or {}
+        return f"malformed JSON body at position {loc.split('.')[-1]}: {ctx.get('error', msg)}"
+    if error.get("type") == "missing":
+        return f"{loc}: field required"
+    return f"{loc}: {msg}"
+
+
+async def _validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    code = "INVALID_REQUEST"
+    if any(e.get("type") == "json_invalid" for e in errors):
+        code = "MALFORMED_JSON"
+    message = "; ".join(_describe(e) for e in errors[:5]) or "invalid request"
+    if len(errors) > 5:
+        message += f" (and {len(errors) - 5} more)"
+    return error_response(400, code, message)
+
+
+async def _http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    status = exc.status_code
+    if status == 404:
+        message = f"no such endpoint: {request.method} {request.url.path}"
+    elif status == 405:
+        message = f"method {request.method} is not allowed on {request.url.path}"
+    elif status == 413:
+        message = "request body is larger than the configured limit"
+    else:
+        message = str(exc.detail)
+    headers = dict(exc.headers) if exc.headers else None
+    return error_response(status, _HTTP_CODES.get(status, f"HTTP_{status}"), message, headers)
+
+
+async def _api(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status_code, exc.error_code, exc.message, exc.headers or None)
+
+
+async def _auth(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, AuthError)
+    return error_response(401, "UNAUTHORIZED", exc.message, {"WWW-Authenticate": exc.challenge})
+
+
+async def _terminating(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(503, "COORDINATOR_TERMINATING", str(exc), {"Retry-After": "1"})
+
+
+async def _busy(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(503, "COORDINATOR_BUSY", str(exc), {"Retry-After": "1"})
+
+
+async def _store(request: Request, exc: Exception) -> JSONResponse:
+    # 503, not 409/500: the request may be fine and nothing the client changes
+    # makes it succeed; an operator must repair or upgrade, then retries work.
+    assert isinstance(exc, StoreError)
+    log.error("refusing to use group metadata: %s", exc)
+    return error_response(503, exc.error_code, str(exc))
+
+
+async def _redis(request: Request, exc: Exception) -> JSONResponse:
+    runtime = getattr(request.app.state, "runtime", None)
+    if runtime is not None:
+        runtime.metrics.redis_errors.inc()
+    log.warning("Redis unavailable: %s", exc)
+    return error_response(
+        503, "REDIS_UNAVAILABLE", f"Redis is unavailable: {exc}", {"Retry-After": "1"}
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    return error_response(500, "INTERNAL_ERROR", "internal error; see the coordinator log")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(ApiError, _api)
+    app.add_exception_handler(AuthError, _auth)
+    app.add_exception_handler(CoordinatorTerminating, _terminating)
+    app.add_exception_handler(MutexTimeout, _busy)
+    app.add_exception_handler(StoreError, _store)
+    app.add_exception_handler(RedisConnectionError, _redis)
+    app.add_exception_handler(RedisTimeoutError, _redis)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,39 @@
+"""The member API: ``sendConsumerHeartbeat``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from streamkit.protocol import API_PREFIX, ErrorResponse, HeartbeatRequest, HeartbeatResponse
+from streamkit_server.api.deps import group_keys, require_member, runtime
+from streamkit_server.provisioning import validate_member_id
+from streamkit_server.security import Principal
+from streamkit_server.store import GroupKeys
+
+router = APIRouter(prefix=API_PREFIX, tags=["Members"])
+
+
+@router.post(
+    "/streams/{streamPrefix}/groups/{consumerGroup}/members/{memberId}/heartbeat",
+    operation_id="sendConsumerHeartbeat",
+    response_model=HeartbeatResponse,
+    responses={
+        400: {"model": ErrorResponse, "description": "Invalid request."},
+        404: {"model": ErrorResponse, "description": "Group not found (never auto-created)."},
+        503: {"model": ErrorResponse, "description": "Coordinator terminating; retry another."},
+    },
+)
+async def heartbeat(
+    request: Request,
+    memberId: str,
+    body: HeartbeatRequest,
+    keys: Annotated[GroupKeys, Depends(group_keys)],
+    _principal: Annotated[Principal | None, Depends(require_member)],
+) -> Response:
+    validate_member_id(memberId)
+    response = await runtime(request).service.heartbeat(keys, memberId, body)
+    # Serialised once by pydantic-core; skips FastAPI's response re-validation
+    # on the hottest path.
+    return Response(response.model_dump_json(by_alias=True), media_type="application/json")

@@ -1,0 +1,276 @@
+"""Monitoring endpoints (operators and dashboards); all need the READ role."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
+from redis.exceptions import ResponseError
+
+from streamkit.protocol import (
+    API_PREFIX,
+    PROTOCOL_VERSION,
+    SUPPORTED_PROTOCOL_VERSIONS,
+    AssignmentsResponse,
+    ConsumptionProgressResponse,
+    ErrorResponse,
+    GroupListResponse,
+    GroupResponse,
+    HealthResponse,
+    MemberListResponse,
+    MigrationsResponse,
+    MonitoringSessionResponse,
+    StreamMessagePageDirection,
+    StreamMessageRecord,
+    StreamMessagesPageResponse,
+    StreamShardOffsetsResponse,
+    shard_ids,
+)
+from streamkit.routing import stream_key
+from streamkit_server import views
+from streamkit_server.api.deps import group_keys, optional_principal, require, runtime
+from streamkit_server.core import LAYOUT_VERSION, SCHEMA_VERSION, GroupMetadata
+from streamkit_server.errors import ApiError
+from streamkit_server.security import Principal, Role
+from streamkit_server.service import now_ms
+from streamkit_server.store import GroupKeys, RedisClient
+
+router = APIRouter(prefix=f"{API_PREFIX}/monitoring", tags=["Monitoring"])
+
+Reader = Annotated[Principal, Depends(require(Role.READ))]
+Keys = Annotated[GroupKeys, Depends(group_keys)]
+_GROUP = "/streams/{streamPrefix}/groups/{consumerGroup}"
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorResponse, "description": "Group not found."}
+}
+_CURSOR = re.compile(r"^\d{1,20}-\d{1,20}$")
+
+
+def _server_version() -> str:
+    try:
+        return importlib.metadata.version("streamkit")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _json(model: Any) -> JSONResponse:
+    return JSONResponse(model.to_wire())
+
+
+async def _group(request: Request, keys: GroupKeys) -> GroupMetadata:
+    return await runtime(request).service.read_group(keys)
+
+
+@router.get(
+    "/session", operation_id="getMonitoringSession", response_model=MonitoringSessionResponse
+)
+async def session(request: Request) -> JSONResponse:
+    # Open on purpose: a dashboard asks "am I logged in?"; bad credentials are
+    # still a 401 so a wrong password is not mistaken for "anonymous".
+    principal = optional_principal(request)
+    return _json(
+        MonitoringSessionResponse(
+            authenticated=principal is not None,
+            username=principal.username if principal is not None else None,
+        )
+    )
+
+
+@router.get("/health", operation_id="getCoordinatorHealth", response_model=HealthResponse)
+async def health(request: Request, _p: Reader) -> JSONResponse:
+    return _json(await runtime(request).health())
+
+
+@router.get("/compatibility", operation_id="getCoordinatorCompatibility")
+async def compatibility(request: Request, _p: Reader) -> JSONResponse:
+    versions = list(SUPPORTED_PROTOCOL_VERSIONS)
+    return JSONResponse(
+        {
+            "serverVersion": _server_version(),
+            "protocolVersion": PROTOCOL_VERSION,
+            "minProtocolVersion": min(versions),
+            "maxProtocolVersion": max(versions),
+            "supportedProtocolVersions": versions,
+            "metadataSchemaVersion": SCHEMA_VERSION,
+            "metadataLayoutVersion": LAYOUT_VERSION,
+            "apiPrefix": API_PREFIX,
+        }
+    )
+
+
+@router.get("/groups", operation_id="listCoordinatorGroups", response_model=GroupListResponse)
+async def list_groups(request: Request, _p: Reader) -> JSONResponse:
+    groups = await runtime(request).service.list_groups()
+    return _json(GroupListResponse(groups=[views.group_response(g) for g in groups]))
+
+
+@router.get(
+    _GROUP, operation_id="getMonitoringGroup", response_model=GroupResponse, responses=_NOT_FOUND
+)
+async def get_group(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
+    return _json(views.group_response(await _group(request, keys)))
+
+
+@router.get(
+    f"{_GROUP}/members",
+    operation_id="listGroupMembers",
+    response_model=MemberListResponse,
+    responses=_NOT_FOUND,
+)
+async def members(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
+    group = await _group(request, keys)
+    return _json(MemberListResponse(members=views.member_views(group, now_ms())))
+
+
+@router.get(
+    f"{_GROUP}/assignments",
+    operation_id="getGroupAssignments",
+    response_model=AssignmentsResponse,
+    responses=_NOT_FOUND,
+)
+async def assignments(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
+    return _json(views.assignments(await _group(request, keys)))
+
+
+@router.get(
+    f"{_GROUP}/consumption",
+    operation_id="getConsumptionProgress",
+    response_model=ConsumptionProgressResponse,
+    responses=_NOT_FOUND,
+)
+async def consumption(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
+    return _json(views.consumption(await _group(request, keys)))
+
+
+@router.get(
+    f"{_GROUP}/migrations",
+    operation_id="listReshardingMigrations",
+    response_model=MigrationsResponse,
+    responses=_NOT_FOUND,
+)
+async def migrations(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
+    return _json(views.migrations(await _group(request, keys)))
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _node_endpoint(client: RedisClient, key: str) -> str | None:
+    if hasattr(client, "get_node_from_key"):
+        node = client.get_node_from_key(key)
+        return f"{node.host}:{node.port}" if node is not None else None
+    kwargs = client.connection_pool.connection_kwargs
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+async def _shard_facts(client: RedisClient, group: GroupMetadata, shard: int) -> views.ShardFacts:
+    key = stream_key(group.stream_prefix, shard)
+    try:
+        info = await client.xinfo_stream(key)
+    except ResponseError:  # no such key (retired or deleted shard)
+        return views.ShardFacts(shard, False, 0, None, None, None, None, None, None,
+                                _node_endpoint(client, key))  # fmt: skip
+    first, last = info.get("first-entry"), info.get("last-entry")
+    delivered = pending = lag = None
+    for entry in await client.xinfo_groups(key):
+        if _text(entry.get("name")) == group.consumer_group:
+            delivered = _text(entry.get("last-delivered-id"))
+            pending = int(entry.get("pending") or 0)
+            raw_lag = entry.get("lag")
+            lag = int(raw_lag) if raw_lag is not None else None
+    memory = await client.memory_usage(key)
+    return views.ShardFacts(
+        shard=shard,
+        exists=True,
+        length=int(info.get("length") or 0),
+        first_id=_text(first[0]) if first else None,
+        last_id=_text(last[0]) if last else None,
+        group_last_delivered_id=delivered,
+        group_pending=pending,
+        group_lag=lag,
+        memory_bytes=int(memory) if memory is not None else None,
+        node_endpoint=_node_endpoint(client, key),
+    )
+
+
+@router.get(
+    f"{_GROUP}/offsets",
+    operation_id="getStreamShardOffsets",
+    response_model=StreamShardOffsetsResponse,
+    responses=_NOT_FOUND,
+)
+async def offsets(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
+    group = await _group(request, keys)
+    client = runtime(request).client
+    limit = asyncio.Semaphore(32)
+
+    async def one(shard: int) -> views.ShardFacts:
+        async with limit:
+            return await _shard_facts(client, group, shard)
+
+    facts = await asyncio.gather(*(one(s) for s in group.assignable_shards()))
+    return _json(views.shard_offsets(group, facts))
+
+
+@router.get(
+    f"{_GROUP}/shards/{{shardIndex}}/messages",
+    operation_id="getStreamShardMessages",
+    response_model=StreamMessagesPageResponse,
+    responses=_NOT_FOUND,
+)
+async def messages(
+    request: Request,
+    keys: Keys,
+    _p: Reader,
+    shardIndex: Annotated[int, Query(ge=0, le=2**31 - 1)],
+    direction: StreamMessagePageDirection = StreamMessagePageDirection.BACKWARD,
+    cursor: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 25,
+) -> JSONResponse:
+    group = await _group(request, keys)
+    if shardIndex not in group.assignable_shards():
+        raise ApiError(
+            404, "SHARD_NOT_FOUND", f"shard {shardIndex} is not a shard of this group "
+            f"(shardCount={group.shard_count})",
+        )  # fmt: skip
+    if cursor is not None and not _CURSOR.match(cursor):
+        raise ApiError(400, "INVALID_CURSOR", "cursor must be a stream record id like 1700000000-0")
+    key = stream_key(group.stream_prefix, shardIndex)
+    client = runtime(request).client
+    # One extra record tells whether there is a next page.
+    if direction is StreamMessagePageDirection.FORWARD:
+        rows = await client.xrange(key, f"({cursor}" if cursor else "-", "+", count=limit + 1)
+    else:
+        rows = await client.xrevrange(key, f"({cursor}" if cursor else "+", "-", count=limit + 1)
+    rows = list(rows or [])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    shard = shard_ids([shardIndex])[0]
+    records = []
+    for record_id, fields in rows:
+        decoded = {_text(k): _text(v) for k, v in (fields or {}).items()}
+        records.append(
+            StreamMessageRecord(
+                shard=shard,
+                stream_key=key,
+                record_id=_text(record_id),
+                fields=decoded,
+                payload=decoded.get("payload"),
+            )
+        )
+    page = StreamMessagesPageResponse(
+        stream_prefix=group.stream_prefix,
+        consumer_group=group.consumer_group,
+        shard=shard,
+        stream_key=key,
+        direction=direction,
+        limit=limit,
+        records=records,
+        next_cursor=records[-1].record_id if more and records else None,
+    )
+    return _json(page)

@@ -1,0 +1,134 @@
+"""Per-process runtime: Redis client, store, service, tick loop, health."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from typing import Any
+
+import redis.asyncio
+from redis.exceptions import RedisError
+
+from streamkit.protocol import HealthResponse, HealthStatus
+from streamkit_server.gate import TerminatingGate
+from streamkit_server.loop import TickLoop
+from streamkit_server.metrics import Metrics
+from streamkit_server.provisioning import Provisioner
+from streamkit_server.security import Authenticator
+from streamkit_server.service import CoordinatorService
+from streamkit_server.settings import ServerSettings
+from streamkit_server.store import MetadataStore, RedisClient
+
+__all__ = ["Runtime", "make_redis_client"]
+
+log = logging.getLogger("streamkit_server")
+
+_SLOW_REDIS_S = 0.25
+
+
+def make_redis_client(settings: ServerSettings) -> RedisClient:
+    """One client (and connection pool) per process."""
+    options: dict[str, Any] = {
+        "socket_timeout": 5.0,
+        "socket_connect_timeout": 2.0,
+        "decode_responses": False,
+    }
+    if settings.redis_cluster:
+        return redis.asyncio.RedisCluster.from_url(settings.redis_url, **options)
+    return redis.asyncio.Redis.from_url(settings.redis_url, **options)
+
+
+class Runtime:
+    def __init__(self, settings: ServerSettings, admin_password: str, token_secret: bytes) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.gate = TerminatingGate()
+        self.authenticator = Authenticator(
+            settings.admin_username, admin_password, token_secret, settings.token_ttl_seconds
+        )
+        self.coordinator_id = f"coord-{secrets.token_hex(6)}"
+        self._client: RedisClient | None = None
+        self._service: CoordinatorService | None = None
+        self.tick_loop: TickLoop | None = None
+        self._tick_task: asyncio.Task[None] | None = None
+
+    @property
+    def client(self) -> RedisClient:
+        if self._client is None:
+            raise RuntimeError("the coordinator runtime has not been started")
+        return self._client
+
+    @property
+    def service(self) -> CoordinatorService:
+        if self._service is None:
+            raise RuntimeError("the coordinator runtime has not been started")
+        return self._service
+
+    async def start(self) -> None:
+        self._client = make_redis_client(self.settings)
+        store = MetadataStore(self._client, self.settings.key_prefix, self.metrics)
+        self._service = CoordinatorService(
+            store, Provisioner(self._client), self.settings, self.metrics, self.gate
+        )
+        try:
+            await store.rebuild_index()
+        except RedisError as exc:  # the tick loop retries it
+            log.warning("could not rebuild the group index at start-up: %s", exc)
+        self.tick_loop = TickLoop(self._service, self.settings.tick_interval_ms)
+        self._tick_task = asyncio.create_task(self.tick_loop.run(), name="streamkit-tick")
+
+    def begin_terminating(self) -> None:
+        """Close the gate: new heartbeats/mutations get 503; the tick stops scheduling."""
+        if not self.gate.terminating:
+            log.info("terminating: refusing new heartbeats and admin mutations")
+        self.gate.close()
+        self.metrics.terminating.set(1)
+
+    async def stop(self) -> None:
+        self.begin_terminating()
+        # In-flight critical sections finish their write and release the mutex.
+        await self.gate.wait_idle(self.settings.mutex_ttl_ms / 1000)
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._tick_task
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def health(self) -> HealthResponse:
+        status = HealthStatus.UP
+        try:
+            started = time.perf_counter()
+            await asyncio.wait_for(self.client.ping(), timeout=1.0)
+            elapsed = time.perf_counter() - started
+            redis_state = f"UP ({elapsed * 1000:.1f} ms)"
+            if elapsed > _SLOW_REDIS_S:
+                status = HealthStatus.DEGRADED
+                redis_state = f"SLOW ({elapsed * 1000:.0f} ms)"
+        except (RedisError, OSError, TimeoutError) as exc:
+            status = HealthStatus.DOWN
+            redis_state = f"DOWN ({type(exc).__name__}: {exc})"
+        loop_state = "UP"
+        tick = self.tick_loop
+        if self.gate.terminating:
+            loop_state = "TERMINATING"
+            if status is HealthStatus.UP:
+                status = HealthStatus.DEGRADED
+        elif tick is None or not tick.running:
+            loop_state = "STOPPED"
+            if status is HealthStatus.UP:
+                status = HealthStatus.DEGRADED
+        else:
+            lag = tick.lag_seconds()
+            if lag is not None and lag > max(2.0, 5 * tick.interval_s):
+                loop_state = f"LAGGING ({lag:.1f} s behind)"
+                if status is HealthStatus.UP:
+                    status = HealthStatus.DEGRADED
+            elif tick.last_error:
+                loop_state = f"FAILING ({tick.last_error})"
+        return HealthResponse(
+            status=status, coordinator_id=self.coordinator_id, redis=redis_state, loop=loop_state
+        )

@@ -1,0 +1,191 @@
+"""``streamkit-server`` / ``python -m streamkit_server``.
+
+Every setting is an environment variable ``STREAMKIT_SERVER_<NAME>`` and a flag
+``--<name>`` (flags win).  Start-up fails fast, with one line on stderr and
+exit status 1, when Redis is unreachable or lacks a command we rely on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import secrets
+import sys
+import time
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any, Final
+
+import uvicorn
+from pydantic import ValidationError
+from redis.exceptions import RedisError
+
+from streamkit_server.api import create_app
+from streamkit_server.api.runtime import Runtime, make_redis_client
+from streamkit_server.settings import ServerSettings
+
+__all__ = ["main", "parse_settings", "preflight"]
+
+log = logging.getLogger("streamkit_server")
+
+# XAUTOCLAIM (6.2) is the newest command members need; exclusive XRANGE ids
+# "(" (6.2) and XINFO lag (7.0, optional) are used by monitoring.
+_MIN_REDIS: Final = (6, 2)
+_REQUIRED_COMMANDS: Final = (
+    "XAUTOCLAIM", "XINFO", "XGROUP", "XREADGROUP", "XACK", "XADD", "XRANGE", "XREVRANGE",
+    "EVALSHA", "SCRIPT", "HSTRLEN", "MEMORY",
+)  # fmt: skip
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> ServerSettings:
+    parser = argparse.ArgumentParser(
+        prog="streamkit-server",
+        description="Run the streamkit coordinator (KIP-848-style, sharded Redis Streams).",
+    )
+    for name, field in ServerSettings.model_fields.items():
+        env = f"STREAMKIT_SERVER_{name.upper()}"
+        default = "(generated at start-up)" if field.default is None else field.default
+        if field.annotation is bool:
+            parser.add_argument(
+                _flag(name), dest=name, nargs="?", const="true", default=None, metavar="BOOL",
+                help=f"env {env}, default {default}",
+            )  # fmt: skip
+        else:
+            parser.add_argument(
+                _flag(name), dest=name, default=None, help=f"env {env}, default {default}"
+            )
+    args = parser.parse_args(argv)
+    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if v is not None}
+    return ServerSettings(**overrides)
+
+
+async def preflight(settings: ServerSettings) -> str | None:
+    """None when Redis is usable, else the one-line reason it is not."""
+    client = make_redis_client(settings)
+    where = f"Redis at {settings.redis_url}" + (" (cluster)" if settings.redis_cluster else "")
+    try:
+        await asyncio.wait_for(client.ping(), timeout=10)
+        info = await client.info("server")
+        version_text = str(info.get("redis_version", "0"))
+        version = tuple(int(p) for p in version_text.split(".")[:2] if p.isdigit())
+        if version < _MIN_REDIS:
+            return (
+                f"{where} is version {version_text}; streamkit needs Redis >= "
+                f"{'.'.join(map(str, _MIN_REDIS))}"
+            )
+        missing = []
+        for command in _REQUIRED_COMMANDS:
+            try:
+                reply = await client.execute_command("COMMAND", "INFO", command)
+            except (TypeError, IndexError):  # redis-py's parser chokes on a nil entry
+                reply = None
+            if not reply:
+                missing.append(command)
+        if missing:
+            return f"{where} lacks required commands {', '.join(missing)} (renamed or disabled?)"
+    except (RedisError, OSError, TimeoutError) as exc:
+        return f"{where} is unreachable: {type(exc).__name__}: {exc}"
+    finally:
+        try:
+            await client.aclose()
+        except (RedisError, OSError):
+            pass
+    return None
+
+
+class _Server(uvicorn.Server):
+    """uvicorn with the terminating sequence of seed 000 in front of its shutdown."""
+
+    def __init__(self, config: uvicorn.Config, runtime: Runtime) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._terminating = False
+        self._terminate_task: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not recorded in _captured_signals on purpose: uvicorn would re-raise
+        # it after shutdown and the default SIGTERM action would turn a clean
+        # shutdown into exit status -15.
+        if self._terminating or self._loop is None:
+            if self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+            return
+        self._terminating = True
+        self._loop.call_soon_threadsafe(self._start_terminating)
+
+    def _start_terminating(self) -> None:
+        self._terminate_task = asyncio.ensure_future(self._terminate())
+
+    async def _terminate(self) -> None:
+        settings = self.runtime.settings
+        started = time.monotonic()
+        self.runtime.begin_terminating()
+        await self.runtime.gate.wait_idle(settings.mutex_ttl_ms / 1000)
+        # Keep answering 503 COORDINATOR_TERMINATING for the grace period so
+        # clients on open connections are told to go elsewhere.
+        remaining = settings.shutdown_grace_ms / 1000 - (time.monotonic() - started)
+        if remaining > 0:
+            await asyncio.sleep(remaining)
+        self.should_exit = True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse_settings(argv)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "settings"
+        print(f"streamkit-server: invalid setting {field}: {first['msg']}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if settings.admin_password is not None:
+        password = settings.admin_password.get_secret_value()
+    else:
+        password = secrets.token_urlsafe(18)
+        print(
+            f"streamkit-server: generated admin password for user "
+            f"{settings.admin_username!r}: {password} "
+            "(set STREAMKIT_SERVER_ADMIN_PASSWORD to choose one)",
+            flush=True,
+        )
+    if settings.token_secret is not None:
+        secret = settings.token_secret.get_secret_value().encode()
+    else:
+        secret = secrets.token_bytes(32)
+        log.warning(
+            "STREAMKIT_SERVER_TOKEN_SECRET is not set: using a random secret; bearer tokens "
+            "will not survive a restart and other coordinator processes will reject them"
+        )
+    problem = asyncio.run(preflight(settings))
+    if problem is not None:
+        print(f"streamkit-server: cannot start: {problem}", file=sys.stderr, flush=True)
+        return 1
+    app = create_app(settings, admin_password=password, token_secret=secret)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        access_log=settings.access_log,
+        lifespan="on",
+        timeout_graceful_shutdown=max(1, settings.mutex_ttl_ms // 1000 + 5),
+        server_header=False,
+    )
+    server = _Server(config, app.state.runtime)
+    server.run()
+    return 0 if server.started else 1

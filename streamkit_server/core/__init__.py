@@ -1,0 +1,40 @@
+"""The coordinator protocol as pure functions over plain values (sans-IO).
+
+Nothing in this package performs I/O or reads a clock: the server's HTTP and
+Redis adapters load a ``GroupMetadata``, call these functions with ``now_ms``,
+write the result with a revision CAS and answer from what was written.
+"""
+
+from .assignor import assign, moved_count
+from .config import CoordinatorConfig
+from .heartbeat import HeartbeatOutcome, handle_heartbeat
+from .model import (
+    LAYOUT_VERSION,
+    SCHEMA_VERSION,
+    CorrectionRound,
+    GroupMetadata,
+    MemberMetadata,
+    MigrationRecord,
+    ShardProgress,
+    new_group,
+)
+from .timeouts import begin_correction, next_deadline_ms, tick
+
+__all__ = [
+    "LAYOUT_VERSION",
+    "SCHEMA_VERSION",
+    "CoordinatorConfig",
+    "CorrectionRound",
+    "GroupMetadata",
+    "HeartbeatOutcome",
+    "MemberMetadata",
+    "MigrationRecord",
+    "ShardProgress",
+    "assign",
+    "begin_correction",
+    "handle_heartbeat",
+    "moved_count",
+    "new_group",
+    "next_deadline_ms",
+    "tick",
+]

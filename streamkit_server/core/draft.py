@@ -1,0 +1,311 @@
+"""A copy-on-write working copy of a group, with the transitions the core uses.
+
+``Draft`` is private to the core: ``handle_heartbeat`` and ``tick`` build one,
+apply transitions, and ``finish()`` returns either the untouched input (no
+write needed) or a new ``GroupMetadata`` with the epochs and versions bumped
+exactly once.  Only the containers that change are copied, so a steady
+heartbeat costs O(members + shards) and allocates little.
+"""
+
+from __future__ import annotations
+
+from streamkit.protocol import GroupState, HeartbeatRequest, MemberState
+
+from .assignor import assign
+from .config import CoordinatorConfig
+from .model import CorrectionRound, GroupMetadata, MemberMetadata, ShardProgress
+
+
+class Draft:
+    def __init__(self, group: GroupMetadata, now_ms: int, config: CoordinatorConfig) -> None:
+        self.original = group
+        self.group = group.model_copy()
+        self.group.members = dict(group.members)
+        self.group.owners = dict(group.owners)
+        self.group.target = dict(group.target)
+        self.now = now_ms
+        self.config = config
+        # ``dirty``: anything changed (the group must be written).
+        # ``observable``: something members or producers must see changed
+        # (bumps metadataVersion).
+        self.dirty = False
+        self.observable = False
+        self.membership_changed = False
+
+    # -- members ---------------------------------------------------------
+
+    def _update_member(self, member_id: str, **changes: object) -> MemberMetadata:
+        member = self.group.members[member_id].model_copy(update=changes)
+        self.group.members[member_id] = member
+        self.dirty = True
+        return member
+
+    def add_member(self, member_id: str, request: HeartbeatRequest) -> None:
+        old = self.group.members.get(member_id)
+        if old is not None:
+            # A fenced incarnation still holding shards: the new one starts from
+            # empty ownership, so the old holdings are provably not being read.
+            for shard in self.group.shards_held_by(member_id):
+                self.release(shard)
+        self.group.members[member_id] = MemberMetadata(
+            member_id=member_id,
+            member_name=request.member_name,
+            state=MemberState.STARTING,
+            joined_at_ms=self.now,
+            last_heartbeat_ms=self.now,
+        )
+        self.dirty = self.observable = self.membership_changed = True
+        self.rebalance()
+
+    def remove_member(self, member_id: str) -> None:
+        """Graceful leave: the member says it drained, so everything it held is free."""
+        for shard in self.group.shards_held_by(member_id):
+            self.release(shard)
+        self._update_member(
+            member_id,
+            state=MemberState.LEAVING,
+            dead_since_ms=self.now,
+            assigned=[],
+            holding=[],
+            revoke_deadline_ms=None,
+        )
+        self.observable = self.membership_changed = True
+        self.rebalance()
+
+    def fence_member(self, member_id: str) -> None:
+        """Fence a live member.  Its shards stay held until its lease must have run out.
+
+        The member may still be reading when the fence is decided (it learns of
+        it only from its next response), so handing its shards over at once
+        could create two readers.  They are released by ``apply_timeouts`` one
+        member lease after the fence, or earlier when the member rejoins with
+        epoch 0 or leaves with -1 (both mean it stopped reading).
+        """
+        self._update_member(
+            member_id,
+            state=MemberState.FENCED,
+            fenced_at_ms=self.now,
+            dead_since_ms=self.now,
+            revoke_deadline_ms=None,
+        )
+        self.observable = self.membership_changed = True
+        self.rebalance()
+
+    def expire_member(self, member_id: str) -> None:
+        # Its lease ran out on the coordinator's clock, and the member's local
+        # lease is never longer and starts no later, so it has stopped reading.
+        for shard in self.group.shards_held_by(member_id):
+            self.release(shard)
+        self._update_member(
+            member_id,
+            state=MemberState.EXPIRED,
+            dead_since_ms=self.now,
+            assigned=[],
+            holding=[],
+            revoke_deadline_ms=None,
+        )
+        self.observable = self.membership_changed = True
+        self.rebalance()
+
+    def activate(self, member_id: str) -> None:
+        if self.group.members[member_id].state is MemberState.STARTING:
+            self._update_member(member_id, state=MemberState.ACTIVE)
+            self.observable = True
+
+    def record_liveness(self, member_id: str, request: HeartbeatRequest) -> None:
+        capacity = request.runtime_consumer_capacity
+        progress = dict(self.group.members[member_id].progress)
+        for report in request.shard_progress:
+            if report.shard is None:
+                continue
+            progress[report.shard.shard_index] = ShardProgress(
+                stream_key=report.stream_key,
+                last_delivered_id=report.last_delivered_id,
+                last_acked_id=report.last_acked_id,
+                pending_count=report.pending_count or 0,
+                updated_at_ms=self.now,
+            )
+        self._update_member(
+            member_id,
+            last_heartbeat_ms=self.now,
+            last_reported_version=request.metadata_version,
+            member_name=request.member_name or self.group.members[member_id].member_name,
+            runtime_max_concurrency=capacity.runtime_max_concurrency or 1,
+            available_concurrency=capacity.available_concurrency or 0,
+            progress=progress,
+        )
+
+    def _issue_epoch(self, member_id: str) -> None:
+        self.group.last_issued_member_epoch += 1
+        member = self.group.members[member_id]
+        self._update_member(
+            member_id,
+            previous_member_epoch=member.member_epoch,
+            member_epoch=self.group.last_issued_member_epoch,
+        )
+        self.observable = True
+
+    def refresh_member_view(self, member_id: str) -> None:
+        """Bump the member epoch when what the member reads or holds changed.
+
+        Only called while handling the member's own heartbeat, so a member is at
+        most one epoch behind (its answer was lost), never fenced merely because
+        other members' moves changed its assignment in between.
+        """
+        member = self.group.members[member_id]
+        assigned = self.group.assigned_to(member_id)
+        holding = self.group.shards_held_by(member_id)
+        if member.member_epoch == 0 or assigned != member.assigned or holding != member.holding:
+            self._update_member(member_id, assigned=assigned, holding=holding)
+            self._issue_epoch(member_id)
+
+    # -- shards ------------------------------------------------------------
+
+    def release(self, shard: int) -> None:
+        if self.group.owners.pop(shard, None) is not None:
+            self.dirty = self.observable = True
+
+    def may_grant(self) -> bool:
+        # During a correction round Redis may have forgotten a grant whose
+        # holder still reads inside its lease, so no shard moves to a new holder
+        # until the round closes: at least one member lease after it began.
+        # (Granting inside the round, under drain-only answers, would also hand
+        # members shards they are told not to start, which they then report as
+        # released: a livelock the simulation found.)
+        return self.group.correction is None
+
+    def grant_pending(self, member_id: str) -> None:
+        owners = self.group.owners
+        for shard, target in self.group.target.items():
+            if target == member_id and shard not in owners:
+                owners[shard] = member_id
+                self.dirty = self.observable = True
+
+    def rebalance(self) -> None:
+        live = self.group.live_member_ids()
+        target = assign(self.group.assignable_shards(), live, self.group.target)
+        if target != self.group.target:
+            self.group.target = target
+            self.group.assignment_epoch += 1
+            self.dirty = self.observable = True
+        self._refresh_revoke_deadlines()
+
+    def _refresh_revoke_deadlines(self) -> None:
+        revoking: set[str] = set()
+        target = self.group.target
+        for shard, owner in self.group.owners.items():
+            if target.get(shard) != owner:
+                revoking.add(owner)
+        deadline = self.now + self.config.rebalance_timeout_ms
+        for member_id, member in list(self.group.members.items()):
+            if not member.live:
+                continue
+            if member_id in revoking and member.revoke_deadline_ms is None:
+                self._update_member(member_id, revoke_deadline_ms=deadline)
+            elif member_id not in revoking and member.revoke_deadline_ms is not None:
+                self._update_member(member_id, revoke_deadline_ms=None)
+
+    # -- correction rounds ---------------------------------------------------
+
+    def open_correction(self, reported_version: int) -> None:
+        """Open a correction round, or restart the wait of the open one.
+
+        Every regression signal restarts the wait: the writes Redis lost may
+        postdate the round's start (a snapshot that already had a round open
+        can come back), and any grant among them has a holder whose lease runs
+        from then on.  The cost is a longer round while a member keeps
+        reporting a version above Redis'.
+        """
+        correction = self.group.correction
+        if correction is None:
+            self.group.correction = CorrectionRound(
+                started_at_ms=self.now,
+                stored_version=self.group.metadata_version,
+                highest_reported_version=reported_version,
+            )
+            self.group.correction_rounds_started += 1
+        else:
+            self.group.correction = correction.model_copy(
+                update={
+                    "started_at_ms": self.now,
+                    "highest_reported_version": max(
+                        reported_version, correction.highest_reported_version
+                    ),
+                }
+            )
+        self.dirty = True
+
+    def _maybe_close_correction(self) -> None:
+        correction = self.group.correction
+        if correction is None:
+            return
+        if self.now < correction.started_at_ms + self.config.member_lease_ttl_ms:
+            return
+        group = self.group
+        # Close only once every live member applied Redis' current version.
+        for member_id in group.live_member_ids():
+            if group.members[member_id].last_reported_version != group.metadata_version:
+                return
+        group.correction = None
+        self.dirty = True
+
+    # -- timeouts ------------------------------------------------------------
+
+    def apply_timeouts(self) -> None:
+        cfg = self.config
+        for member_id, member in list(self.group.members.items()):
+            if member.live and self.now > member.last_heartbeat_ms + cfg.member_lease_ttl_ms:
+                self.expire_member(member_id)
+            elif (
+                member.live
+                and member.revoke_deadline_ms is not None
+                and self.now > member.revoke_deadline_ms
+            ):
+                self.fence_member(member_id)
+        for member_id, member in list(self.group.members.items()):
+            held = self.group.shards_held_by(member_id) if not member.live else []
+            if (
+                member.state is MemberState.FENCED
+                and held
+                and member.fenced_at_ms is not None
+                and self.now >= member.fenced_at_ms + cfg.member_lease_ttl_ms
+            ):
+                for shard in held:
+                    self.release(shard)
+                self._update_member(member_id, assigned=[], holding=[])
+            elif (
+                not member.live
+                and not held
+                and member.dead_since_ms is not None
+                and self.now > member.dead_since_ms + cfg.dead_member_retention_ms
+            ):
+                del self.group.members[member_id]
+                self.dirty = True
+        self._maybe_close_correction()
+
+    # -- result --------------------------------------------------------------
+
+    def finish(self) -> GroupMetadata:
+        if self.membership_changed:
+            self.group.group_epoch += 1
+        if self.dirty:
+            self._refresh_revoke_deadlines()
+        self._maybe_close_correction()
+        if not self.dirty:
+            return self.original
+        if self.observable:
+            self.group.metadata_version += 1
+        self.group.state = _derive_state(self.group)
+        self.group.updated_at_ms = self.now
+        return self.group
+
+
+def _derive_state(group: GroupMetadata) -> GroupState:
+    if not group.live_member_ids():
+        return GroupState.EMPTY
+    target, owners = group.target, group.owners
+    if any(target.get(shard) != owner for shard, owner in owners.items()):
+        return GroupState.RECONCILING
+    if any(shard not in owners for shard in target):
+        return GroupState.ASSIGNING
+    return GroupState.STABLE

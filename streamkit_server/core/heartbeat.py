@@ -1,0 +1,239 @@
+"""The heartbeat decision: a pure function of (group, request, now, config).
+
+The caller (the HTTP layer) loads the group under the group mutex, calls
+``handle_heartbeat``, writes ``outcome.group`` with a revision CAS when
+``outcome.changed`` and only then sends ``outcome.response``.  Nothing here
+does I/O or reads a clock.
+
+Rules, in the order they are applied (each names the SPEC/seed rule):
+
+1. protocol range -> UNSUPPORTED_PROTOCOL; body memberId != path -> INVALID_REQUEST.
+2. timeouts due at ``now`` are applied first (lease expiry, rebalance-timeout
+   fencing, release of fenced members' shards): see ``timeouts.py``.
+3. metadataVersion above the stored one -> open (or extend) a correction
+   round; never raise the stored version to match.
+4. memberEpoch 0 -> join / rejoin with empty ownership.
+5. memberEpoch -1 -> graceful leave.
+6. memberEpoch > 0:
+   * unknown member -> UNKNOWN_MEMBER_ID; expired/fenced -> FENCED_MEMBER_EPOCH;
+   * reported version above the stored one -> SYNC_METADATA, ownership untouched;
+   * the member's previous epoch -> a retry whose response was lost: answer with
+     the current view, change no ownership (a late duplicate must not release
+     anything);
+   * any other epoch than the current one -> FENCED_MEMBER_EPOCH, nothing changes;
+   * current epoch: validate ownership (claiming a shard it does not hold ->
+     fence), release what it no longer reports, grant free target shards, bump
+     the member epoch when its view changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamkit.protocol import (
+    AssignmentView,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    HeartbeatStatus,
+    MemberState,
+    RevokingShardState,
+    shard_ids,
+)
+
+from .config import CoordinatorConfig
+from .draft import Draft
+from .model import GroupMetadata, MemberMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatOutcome:
+    group: GroupMetadata
+    response: HeartbeatResponse
+    # True when ``group`` differs from the input and must be written (with CAS)
+    # before the response is sent.
+    changed: bool
+
+
+def handle_heartbeat(
+    group: GroupMetadata,
+    member_id: str,
+    request: HeartbeatRequest,
+    now_ms: int,
+    config: CoordinatorConfig,
+) -> HeartbeatOutcome:
+    if not config.min_protocol_version <= request.protocol_version <= config.max_protocol_version:
+        return _reject(group, request, HeartbeatStatus.UNSUPPORTED_PROTOCOL, config)
+    if request.member_id != member_id:
+        return _reject(group, request, HeartbeatStatus.INVALID_REQUEST, config)
+    if request.member_epoch < -1:
+        return _reject(group, request, HeartbeatStatus.INVALID_REQUEST, config)
+
+    draft = Draft(group, now_ms, config)
+    draft.apply_timeouts()
+    if request.metadata_version > draft.group.metadata_version:
+        draft.open_correction(request.metadata_version)
+
+    if request.member_epoch == 0:
+        return _join(draft, request)
+    if request.member_epoch == -1:
+        return _leave(draft, request)
+
+    member = draft.group.members.get(member_id)
+    if member is None or member.state is MemberState.LEAVING:
+        return _fence(draft, request, HeartbeatStatus.UNKNOWN_MEMBER_ID)
+    if not member.live:
+        return _fence(draft, request, HeartbeatStatus.FENCED_MEMBER_EPOCH)
+    if request.metadata_version > draft.group.metadata_version:
+        # Metadata correction: the member saw state Redis no longer has.  Its
+        # report cannot be checked against Redis, so it changes nothing; the
+        # answer tells it which of its shards it may keep.
+        draft.record_liveness(member_id, request)
+        return _answer(draft, request, member_id)
+    if request.member_epoch == member.previous_member_epoch != member.member_epoch:
+        draft.record_liveness(member_id, request)
+        return _answer(draft, request, member_id)
+    if request.member_epoch != member.member_epoch:
+        return _fence(draft, request, HeartbeatStatus.FENCED_MEMBER_EPOCH)
+    return _reconcile(draft, request, member)
+
+
+def _reconcile(draft: Draft, request: HeartbeatRequest, member: MemberMetadata) -> HeartbeatOutcome:
+    member_id = member.member_id
+    group = draft.group
+    owned = {s.shard_index for s in request.owned_shards}
+    # Ownership validation: every shard the member says it reads must be one
+    # Redis records it as holding.  Anything else is a stale view of ownership.
+    if any(group.owners.get(shard) != member_id for shard in owned):
+        draft.fence_member(member_id)
+        return _fence(draft, request, HeartbeatStatus.FENCED_MEMBER_EPOCH)
+
+    still_draining = set()
+    for report in request.revoking_shards:
+        if report.shard is None:
+            continue
+        finished = report.state is RevokingShardState.REVOKED and not report.in_flight
+        if not finished:
+            still_draining.add(report.shard.shard_index)
+        # A REVOKED report for a shard the member no longer holds is a duplicate
+        # of an ack already applied (or from before a correction): ignored.
+
+    # Release: a held shard the member neither reads nor is still draining has
+    # been let go (an explicit REVOKED, or a repeat of one whose answer was lost).
+    for shard in group.shards_held_by(member_id):
+        if shard not in owned and shard not in still_draining:
+            draft.release(shard)
+
+    draft.record_liveness(member_id, request)
+    draft.activate(member_id)
+    if draft.may_grant():
+        draft.grant_pending(member_id)
+    draft.refresh_member_view(member_id)
+    return _answer(draft, request, member_id)
+
+
+def _join(draft: Draft, request: HeartbeatRequest) -> HeartbeatOutcome:
+    member_id = request.member_id
+    if request.owned_shards:
+        # The contract: a (re)join starts from empty ownership.  Accepting
+        # claims here would let a member that was fenced keep reading.
+        return _reject(draft.group, request, HeartbeatStatus.INVALID_REQUEST, draft.config)
+    existing = draft.group.members.get(member_id)
+    if existing is not None and existing.live:
+        # A retried join (its answer was lost) or a restarted process: either way
+        # it reads nothing now, so shards it was told to give up are free.
+        for shard in draft.group.revoking_from(member_id):
+            draft.release(shard)
+    else:
+        draft.add_member(member_id, request)
+    draft.record_liveness(member_id, request)
+    if draft.may_grant():
+        draft.grant_pending(member_id)
+    draft.refresh_member_view(member_id)
+    return _answer(draft, request, member_id)
+
+
+def _leave(draft: Draft, request: HeartbeatRequest) -> HeartbeatOutcome:
+    member = draft.group.members.get(request.member_id)
+    if member is not None and member.state in (
+        MemberState.STARTING,
+        MemberState.ACTIVE,
+        MemberState.FENCED,
+    ):
+        # The member drained before leaving (that is the contract of -1), so its
+        # shards move at once, without waiting for a lease.
+        draft.remove_member(request.member_id)
+    group = draft.finish()
+    return HeartbeatOutcome(
+        group=group,
+        response=_response(group, request, HeartbeatStatus.OK, -1, [], [], draft.config),
+        changed=group is not draft.original,
+    )
+
+
+def _answer(draft: Draft, request: HeartbeatRequest, member_id: str) -> HeartbeatOutcome:
+    group = draft.finish()
+    member = group.members[member_id]
+    assigned = group.assigned_to(member_id)
+    pending = group.pending_for(member_id)
+    status = HeartbeatStatus.OK
+    if group.correction is not None:
+        if request.metadata_version != group.metadata_version:
+            status = HeartbeatStatus.SYNC_METADATA
+        else:
+            status = HeartbeatStatus.REVOKE_PENDING
+    return HeartbeatOutcome(
+        group=group,
+        response=_response(
+            group, request, status, member.member_epoch, assigned, pending, draft.config
+        ),
+        changed=group is not draft.original,
+    )
+
+
+def _fence(draft: Draft, request: HeartbeatRequest, status: HeartbeatStatus) -> HeartbeatOutcome:
+    group = draft.finish()
+    return HeartbeatOutcome(
+        group=group,
+        response=_response(group, request, status, 0, [], [], draft.config),
+        changed=group is not draft.original,
+    )
+
+
+def _reject(
+    group: GroupMetadata,
+    request: HeartbeatRequest,
+    status: HeartbeatStatus,
+    config: CoordinatorConfig,
+) -> HeartbeatOutcome:
+    return HeartbeatOutcome(
+        group=group,
+        response=_response(group, request, status, request.member_epoch, [], [], config),
+        changed=False,
+    )
+
+
+def _response(
+    group: GroupMetadata,
+    request: HeartbeatRequest,
+    status: HeartbeatStatus,
+    member_epoch: int,
+    assigned: list[int],
+    pending: list[int],
+    config: CoordinatorConfig,
+) -> HeartbeatResponse:
+    return HeartbeatResponse(
+        response_to=request.request_id,
+        status=status,
+        member_id=request.member_id,
+        member_epoch=member_epoch,
+        heartbeat_interval_ms=config.heartbeat_interval_ms,
+        rebalance_timeout_ms=config.rebalance_timeout_ms,
+        group_epoch=group.group_epoch,
+        assignment_epoch=group.assignment_epoch,
+        metadata_version=group.metadata_version,
+        assignment=AssignmentView(
+            assigned_shards=shard_ids(assigned),
+            pending_shards=shard_ids(pending),
+            metadata_version=group.metadata_version,
+        ),
+    )

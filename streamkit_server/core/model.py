@@ -1,0 +1,164 @@
+"""The coordinator's group aggregate: the value stored in Redis as ``aggregate``.
+
+Ownership is kept as two shard -> member maps:
+
+* ``target``: where each shard should live (the assignor's output).
+* ``owners``: which member may currently hold the shard.  A shard leaves
+  ``owners`` only when its holder reported it released, expired, or was fenced
+  long enough ago that its local lease must have run out.  A shard is granted
+  (written into ``owners``) only while processing its target member's own
+  heartbeat, so every grant a member hears about is already in Redis.
+
+Everything a member is told is derived from these maps, which is what makes a
+lost or repeated heartbeat response harmless.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from streamkit.protocol import GroupState, MemberState
+
+SCHEMA_VERSION = 1
+LAYOUT_VERSION = 1
+
+LIVE_STATES = frozenset({MemberState.STARTING, MemberState.ACTIVE})
+
+
+class _Aggregate(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class ShardProgress(_Aggregate):
+    stream_key: str | None = None
+    last_delivered_id: str | None = None
+    last_acked_id: str | None = None
+    pending_count: int = 0
+    updated_at_ms: int | None = None
+
+
+class MemberMetadata(_Aggregate):
+    member_id: str
+    member_name: str | None = None
+    state: MemberState = MemberState.STARTING
+    member_epoch: int = 0
+    # The epoch before the last bump: a heartbeat carrying it is a retry whose
+    # response was lost, answered with the current view instead of a fence.
+    previous_member_epoch: int = 0
+    joined_at_ms: int = 0
+    last_heartbeat_ms: int = 0
+    # The readable shard set and owned set last communicated to the member;
+    # the member epoch bumps exactly when either changes.
+    assigned: list[int] = Field(default_factory=list)
+    holding: list[int] = Field(default_factory=list)
+    # Set when the member first holds a shard it must give up; passing it
+    # fences the member (the rebalance timeout).
+    revoke_deadline_ms: int | None = None
+    fenced_at_ms: int | None = None
+    # When the member stopped being live (expired, fenced, left).
+    dead_since_ms: int | None = None
+    last_reported_version: int = 0
+    runtime_max_concurrency: int = 1
+    available_concurrency: int = 0
+    progress: dict[int, ShardProgress] = Field(default_factory=dict)
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES
+
+
+class CorrectionRound(_Aggregate):
+    """A metadata correction round, opened when a client proved Redis lost writes."""
+
+    started_at_ms: int
+    # The stored metadataVersion when the round began and the highest version a
+    # client reported: both kept for operators and alerts.
+    stored_version: int
+    highest_reported_version: int
+
+
+class MigrationRecord(_Aggregate):
+    """A resharding operation (filled in by the resharding workflow)."""
+
+    resharding_id: str
+    from_shard_count: int
+    to_shard_count: int
+    state: str
+    created_at_ms: int
+    updated_at_ms: int
+    requested_by: str | None = None
+    reason: str | None = None
+
+
+class GroupMetadata(_Aggregate):
+    stream_prefix: str
+    consumer_group: str
+    shard_count: int
+    group_epoch: int = 0
+    assignment_epoch: int = 0
+    metadata_version: int = 1
+    # Member epochs come from one group-wide counter so an epoch is never
+    # reissued, not even to a member id that left and came back.
+    last_issued_member_epoch: int = 0
+    state: GroupState = GroupState.EMPTY
+    members: dict[str, MemberMetadata] = Field(default_factory=dict)
+    target: dict[int, str] = Field(default_factory=dict)
+    owners: dict[int, str] = Field(default_factory=dict)
+    # Shards outside range(shard_count) that still have to be drained after a
+    # scale-in; they stay assignable until retired.
+    draining_shards: list[int] = Field(default_factory=list)
+    correction: CorrectionRound | None = None
+    correction_rounds_started: int = 0
+    migrations: list[MigrationRecord] = Field(default_factory=list)
+    created_at_ms: int = 0
+    updated_at_ms: int = 0
+
+    def assignable_shards(self) -> list[int]:
+        shards = set(range(self.shard_count))
+        shards.update(self.draining_shards)
+        return sorted(shards)
+
+    def live_member_ids(self) -> list[str]:
+        return sorted(m for m, meta in self.members.items() if meta.live)
+
+    def shards_held_by(self, member_id: str) -> list[int]:
+        return sorted(s for s, owner in self.owners.items() if owner == member_id)
+
+    def assigned_to(self, member_id: str) -> list[int]:
+        """Shards the member may read: it holds them and they are its target."""
+        return sorted(
+            s
+            for s, owner in self.owners.items()
+            if owner == member_id and self.target.get(s) == member_id
+        )
+
+    def revoking_from(self, member_id: str) -> list[int]:
+        """Shards the member holds but must drain and release."""
+        return sorted(
+            s
+            for s, owner in self.owners.items()
+            if owner == member_id and self.target.get(s) != member_id
+        )
+
+    def pending_for(self, member_id: str) -> list[int]:
+        """Target shards of the member that it may not read yet."""
+        return sorted(
+            s
+            for s, target in self.target.items()
+            if target == member_id and self.owners.get(s) != member_id
+        )
+
+
+def new_group(
+    stream_prefix: str, consumer_group: str, shard_count: int, now_ms: int
+) -> GroupMetadata:
+    if shard_count < 0:
+        raise ValueError("shard_count must not be negative")
+    return GroupMetadata(
+        stream_prefix=stream_prefix,
+        consumer_group=consumer_group,
+        shard_count=shard_count,
+        created_at_ms=now_ms,
+        updated_at_ms=now_ms,
+    )

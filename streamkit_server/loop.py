@@ -1,0 +1,90 @@
+"""The tick loop: applies due timeouts (lease expiry, fencing, clean-up).
+
+Runs in every coordinator process.  Each pass walks the group index, reads
+each group (a parse-cached load, no mutex) and, when ``next_deadline_ms`` says
+something is due, runs ``tick`` as a normal critical section (group mutex +
+revision CAS), so two processes ticking the same group never double-apply:
+the second one finds nothing due after the first one's write.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import anyio
+from redis.exceptions import RedisError
+
+from streamkit_server.core import next_deadline_ms
+from streamkit_server.gate import CoordinatorTerminating
+from streamkit_server.mutex import MutexTimeout
+from streamkit_server.service import CoordinatorService, now_ms
+from streamkit_server.store import Loaded, StoreError
+
+__all__ = ["TickLoop"]
+
+log = logging.getLogger("streamkit_server.loop")
+
+# The index is only an aid; re-derive it from the metadata keys now and then.
+_INDEX_REBUILD_S = 60.0
+
+
+class TickLoop:
+    def __init__(self, service: CoordinatorService, interval_ms: int) -> None:
+        self.service = service
+        self.interval_s = interval_ms / 1000
+        self.last_pass_started: float | None = None
+        self.last_error: str | None = None
+        self.running = False
+        self._last_rebuild = 0.0
+
+    def lag_seconds(self) -> float | None:
+        """Seconds since the last pass started beyond one interval (None before the first)."""
+        if self.last_pass_started is None:
+            return None
+        return max(0.0, time.monotonic() - self.last_pass_started - self.interval_s)
+
+    async def run(self) -> None:
+        self.running = True
+        gate = self.service.gate
+        try:
+            next_at = time.monotonic()
+            while not gate.terminating:
+                started = time.monotonic()
+                self.service.metrics.tick_lag_seconds.set(max(0.0, started - next_at))
+                self.last_pass_started = started
+                try:
+                    await self.pass_once()
+                    self.last_error = None
+                except CoordinatorTerminating:
+                    break
+                except (RedisError, OSError) as exc:
+                    self.last_error = str(exc)
+                    log.warning("tick pass failed: %s", exc)
+                next_at = max(next_at + self.interval_s, time.monotonic())
+                await anyio.sleep(next_at - time.monotonic())
+        finally:
+            self.running = False
+
+    async def pass_once(self) -> None:
+        service = self.service
+        store = service.store
+        if time.monotonic() - self._last_rebuild > _INDEX_REBUILD_S:
+            self._last_rebuild = time.monotonic()
+            await store.rebuild_index()
+        for prefix, group in await store.indexed_groups():
+            if service.gate.terminating:
+                return
+            keys = service.keys(prefix, group)
+            try:
+                loaded = await store.load(keys)
+                if not isinstance(loaded, Loaded):
+                    continue
+                due = next_deadline_ms(loaded.group, service.config)
+                if due is not None and due <= now_ms():
+                    async with service.gate.critical():
+                        await service.tick_group(keys)
+            except MutexTimeout:
+                continue  # someone else is in the group's critical section
+            except StoreError as exc:
+                log.error("not ticking %s: %s", keys.metadata, exc)

@@ -1,0 +1,150 @@
+"""Shard stream provisioning and name validation.
+
+Creating a stream or group provisions Redis first and writes coordinator
+metadata last: the metadata write is what makes a stream/group exist, so a
+create that fails midway leaves only empty shard streams (and consumer
+groups) behind, which the retry adopts.  Every step is idempotent.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Coroutine
+from typing import Final, TypeAlias
+
+import anyio
+from redis.commands.core import AsyncScript
+
+from streamkit.routing import stream_key
+from streamkit_server.errors import ApiError
+from streamkit_server.store import RedisClient
+
+__all__ = [
+    "MAX_NAME_LENGTH",
+    "Provisioner",
+    "validate_consumer_group",
+    "validate_member_id",
+    "validate_stream_prefix",
+]
+
+MAX_NAME_LENGTH: Final = 200
+# Braces would change the cluster hash tag of our keys; whitespace and control
+# characters make keys and logs ambiguous; '/' and '%' cannot travel safely in
+# one URL path segment.
+_FORBIDDEN = re.compile(r"[\s{}/%\x00-\x1f\x7f]")
+_PARALLEL = 32
+_ShardFn: TypeAlias = Callable[[int], Coroutine[object, object, None]]
+
+# KEYS: one shard stream.  ARGV: consumer group ('' = only make sure the empty
+# stream exists), placeholder group name.  One script per key, so it is atomic
+# and single-slot.  A new stream is created through XGROUP CREATE MKSTREAM
+# (Redis has no "create empty stream" command); without a real group, a
+# placeholder group is created and destroyed in the same script, so it can
+# never be left behind.
+_PROVISION = """
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'none' and t ~= 'stream' then
+  return redis.error_reply('WRONGTYPE shard key ' .. KEYS[1] .. ' holds a ' .. t)
+end
+if ARGV[1] == '' then
+  if t == 'none' then
+    redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[2], '$', 'MKSTREAM')
+    redis.call('XGROUP', 'DESTROY', KEYS[1], ARGV[2])
+    return 1
+  end
+  return 0
+end
+local r = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
+if type(r) == 'table' and r.err then
+  if string.find(r.err, 'BUSYGROUP', 1, true) then return 0 end
+  return r
+end
+return 1
+"""
+
+
+def _validate_name(value: str, what: str, code: str, extra: str = "") -> str:
+    if not 1 <= len(value) <= MAX_NAME_LENGTH:
+        raise ApiError(
+            400, code, f"{what} must be 1..{MAX_NAME_LENGTH} characters long, got {len(value)}"
+        )
+    bad = _FORBIDDEN.search(value) or (extra and re.search(f"[{re.escape(extra)}]", value))
+    if bad:
+        raise ApiError(
+            400,
+            code,
+            f"{what} {value!r} contains {bad.group()!r}; braces, whitespace, control "
+            f"characters, '/' and '%'{' and ' + repr(extra) if extra else ''} are not allowed",
+        )
+    return value
+
+
+def validate_stream_prefix(value: str) -> str:
+    return _validate_name(value, "streamPrefix", "INVALID_STREAM_PREFIX")
+
+
+def validate_consumer_group(value: str) -> str:
+    # ':' separates streamPrefix and group inside the metadata hash tag; a
+    # group without ':' keeps "{a:b:c}" unambiguous.
+    return _validate_name(value, "consumerGroup", "INVALID_CONSUMER_GROUP", extra=":")
+
+
+def validate_member_id(value: str) -> str:
+    if not 1 <= len(value) <= 256 or re.search(r"[\x00-\x1f\x7f]", value):
+        raise ApiError(
+            400,
+            "INVALID_MEMBER_ID",
+            "memberId must be 1..256 characters without control characters",
+        )
+    return value
+
+
+class Provisioner:
+    def __init__(self, client: RedisClient) -> None:
+        self.client = client
+        self._script: AsyncScript = client.register_script(_PROVISION)
+
+    async def collisions(self, stream_prefix: str, shard_count: int) -> list[str]:
+        """Shard keys that hold data we did not create (a non-empty stream or another type).
+
+        An existing *empty* stream is what an interrupted create leaves behind,
+        so it is adopted rather than reported.
+        """
+        found: list[str] = []
+
+        async def check(index: int) -> None:
+            key = stream_key(stream_prefix, index)
+            kind = await self.client.type(key)
+            kind_s = kind.decode() if isinstance(kind, bytes) else str(kind)
+            if kind_s == "none":
+                return
+            if kind_s != "stream":
+                found.append(f"{key} ({kind_s})")
+            elif await self.client.xlen(key) > 0:
+                found.append(f"{key} (non-empty stream)")
+
+        await self._each(shard_count, check)
+        return sorted(found)
+
+    async def provision(self, stream_prefix: str, shard_count: int, group: str | None) -> None:
+        """Make every shard stream exist, with ``group`` created at ``0`` when given.
+
+        ``0`` rather than ``$``: on a brand-new stream both are the same, and on
+        an existing one a new group must not silently skip what producers
+        already published (at-least-once).  An existing Redis group keeps its
+        position (BUSYGROUP is success).
+        """
+
+        async def one(index: int) -> None:
+            await self._script(
+                keys=[stream_key(stream_prefix, index)],
+                args=[group or "", "__streamkit_provision__"],
+            )
+
+        await self._each(shard_count, one)
+
+    async def _each(self, shard_count: int, fn: _ShardFn) -> None:
+        for start in range(0, shard_count, _PARALLEL):
+            async with anyio.create_task_group() as tg:
+                for index in range(start, min(start + _PARALLEL, shard_count)):
+                    tg.start_soon(fn, index)

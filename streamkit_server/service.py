@@ -1,0 +1,529 @@
+"""The coordinator workflows: mutex -> load -> core -> CAS write -> respond.
+
+Every mutation of a group runs through ``GroupExecutor.submit``:
+
+1. a per-process, per-group ``asyncio.Lock`` (the "local monitor" of seed 000)
+   so requests of one process queue locally instead of spinning on Redis;
+2. the group mutex in Redis, taken together with the load (one Lua script);
+3. the pure core (``handle_heartbeat`` / ``tick``) on the loaded value;
+4. a revision CAS write that also releases the mutex;
+5. only then the answers.
+
+Heartbeats that queue up behind the local lock while a critical section runs
+are applied together in the next one (one load, one write for the batch).
+Each answer is computed from the state after that heartbeat, and the written
+state is the result of applying the whole batch in order, so the history is
+the same as handling them one by one and writing each; only the intermediate
+writes are skipped.  Nothing is answered before the write succeeded.
+
+A CAS conflict (another process wrote although we held the mutex, e.g. after
+our mutex expired) reruns the whole batch on a fresh load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+from streamkit.protocol import (
+    CreateGroupRequest,
+    CreateStreamRequest,
+    DeleteGroupRequest,
+    GroupResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    HeartbeatStatus,
+    MemberState,
+    StreamCreateResponse,
+)
+from streamkit_server import views
+from streamkit_server.core import (
+    CoordinatorConfig,
+    GroupMetadata,
+    handle_heartbeat,
+    new_group,
+    tick,
+)
+from streamkit_server.errors import ApiError
+from streamkit_server.gate import TerminatingGate
+from streamkit_server.metrics import Metrics
+from streamkit_server.mutex import MutexTimeout, lock_and_load
+from streamkit_server.provisioning import Provisioner
+from streamkit_server.settings import ServerSettings
+from streamkit_server.store import GroupKeys, Loaded, MetadataStore
+
+__all__ = ["CoordinatorService", "Deletion", "GroupExecutor", "GroupOp", "now_ms"]
+
+log = logging.getLogger("streamkit_server.service")
+
+_MAX_ATTEMPTS: Final = 4
+
+
+def now_ms() -> int:
+    # Wall clock, not monotonic: leases recorded by one process are checked by
+    # another, so every coordinator must use the same (NTP-synced) time base.
+    return time.time_ns() // 1_000_000
+
+
+class Deletion:
+    """Returned by an op to delete the group (CAS on the loaded revision)."""
+
+
+DELETE: Final = Deletion()
+
+
+class GroupOp(Protocol):
+    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+        """Next state: the same object for "no change", ``None`` only if ``group`` is None.
+
+        May raise ``ApiError``: the op then fails alone and leaves the group as
+        it was.
+        """
+        ...
+
+
+def group_not_found(keys: GroupKeys) -> ApiError:
+    return ApiError(
+        404,
+        "GROUP_NOT_FOUND",
+        f"consumer group {keys.consumer_group!r} of stream {keys.stream_prefix!r} has no "
+        f"coordinator metadata; create it with POST /coord/v1/streams/{keys.stream_prefix}"
+        f"/groups/{keys.consumer_group} (heartbeats never create or rebuild groups)",
+    )
+
+
+def group_already_exists(keys: GroupKeys) -> ApiError:
+    return ApiError(
+        409,
+        "GROUP_ALREADY_EXISTS",
+        f"consumer group {keys.consumer_group!r} of stream {keys.stream_prefix!r} already exists",
+    )
+
+
+@dataclass
+class _Item:
+    op: GroupOp
+    future: asyncio.Future[None]
+
+
+@dataclass
+class _Lane:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    pending: list[_Item] = field(default_factory=list)
+
+
+class GroupExecutor:
+    def __init__(self, store: MetadataStore, settings: ServerSettings, metrics: Metrics) -> None:
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self._lanes: dict[str, _Lane] = {}
+
+    async def submit(self, keys: GroupKeys, op: GroupOp) -> None:
+        """Run ``op`` in a critical section of its group; raises what the op failed with."""
+        lane = self._lanes.get(keys.metadata)
+        if lane is None:
+            lane = self._lanes[keys.metadata] = _Lane()
+        item = _Item(op, asyncio.get_running_loop().create_future())
+        lane.pending.append(item)
+        async with lane.lock:
+            if not item.future.done():
+                batch, lane.pending = lane.pending, []
+                await _finish_even_if_cancelled(self._run(keys, batch))
+        item.future.result()
+
+    async def _run(self, keys: GroupKeys, batch: list[_Item]) -> None:
+        self.metrics.batch_size.observe(len(batch))
+        try:
+            for _attempt in range(_MAX_ATTEMPTS):
+                if await self._attempt(keys, batch):
+                    return
+            for item in batch:
+                _fail(item, MutexTimeout(f"{keys.metadata}: gave up after repeated CAS conflicts"))
+        except BaseException as exc:
+            for item in batch:
+                _fail(item, exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _attempt(self, keys: GroupKeys, batch: list[_Item]) -> bool:
+        """One load/apply/write round; False when the CAS lost and it must be rerun."""
+        token = self.store.new_token()
+        loaded = await lock_and_load(
+            self.store, keys, token, self.settings.mutex_ttl_ms, self.settings.mutex_wait_ms
+        )
+        committed = False
+        try:
+            now = now_ms()
+            before = loaded.group if loaded is not None else None
+            state: GroupMetadata | Deletion | None = before
+            errors: dict[int, BaseException] = {}
+            for position, item in enumerate(batch):
+                if isinstance(state, Deletion):
+                    errors[position] = group_not_found(keys)
+                    continue
+                try:
+                    state = item.op.apply(state, now)
+                except ApiError as exc:
+                    errors[position] = exc
+            if state is before:
+                committed = True  # nothing to write; the mutex is released below
+                await self._release(loaded, keys, token)
+            elif isinstance(state, Deletion):
+                assert loaded is not None
+                committed = await self.store.delete(loaded, token)
+                if not committed:
+                    self.metrics.state_conflicts.inc()
+                    return False
+            else:
+                assert state is not None
+                result = await self.store.commit(loaded, keys, state, token)
+                committed = True  # the script released the mutex either way
+                if not result.ok:
+                    log.warning("storeRevision conflict on %s; rerunning", keys.metadata)
+                    return False
+                self._after_write(keys, before, state)
+            for position, item in enumerate(batch):
+                if position in errors:
+                    _fail(item, errors[position])
+                elif not item.future.done():
+                    item.future.set_result(None)
+            return True
+        finally:
+            if not committed and loaded is not None:
+                # Best effort; the TTL frees the mutex if even this fails.
+                await _quietly(self.store.release(keys.mutex, token))
+
+    async def _release(self, loaded: Loaded | None, keys: GroupKeys, token: str) -> None:
+        if loaded is not None:  # a missing group's mutex was given back by the load script
+            await self.store.release(keys.mutex, token)
+
+    def _after_write(
+        self, keys: GroupKeys, before: GroupMetadata | None, after: GroupMetadata
+    ) -> None:
+        old = before.members if before is not None else {}
+        for member_id, member in after.members.items():
+            previous = old.get(member_id)
+            if previous is None or previous.state is member.state:
+                continue
+            if member.state is MemberState.EXPIRED:
+                self.metrics.member_expired.inc()
+            elif member.state is MemberState.FENCED:
+                self.metrics.member_fenced.inc()
+        problems = views.invariant_violations(after)
+        if problems:
+            self.metrics.invariant_violations.inc(len(problems))
+            log.error("invariant violations in %s: %s", keys.metadata, "; ".join(problems))
+
+
+def _fail(item: _Item, exc: BaseException) -> None:
+    if not item.future.done():
+        item.future.set_exception(exc)
+
+
+async def _quietly(aw: Awaitable[object]) -> None:
+    try:
+        await aw
+    except Exception:
+        log.debug("best-effort mutex release failed", exc_info=True)
+
+
+async def _finish_even_if_cancelled(aw: Awaitable[None]) -> None:
+    """Await ``aw`` to completion even if the caller is cancelled meanwhile.
+
+    A critical section that has taken the group mutex must finish its write
+    and release (seed 000: in-flight critical sections complete); a cancelled
+    caller only stops waiting for its own answer after that.
+    """
+    task = asyncio.ensure_future(aw)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                break
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    task.result()
+
+
+# -- ops -------------------------------------------------------------------------
+
+
+class HeartbeatOp:
+    def __init__(
+        self,
+        keys: GroupKeys,
+        member_id: str,
+        request: HeartbeatRequest,
+        config: CoordinatorConfig,
+        metrics: Metrics,
+    ) -> None:
+        self.keys = keys
+        self.member_id = member_id
+        self.request = request
+        self.config = config
+        self.metrics = metrics
+        self.response: HeartbeatResponse | None = None
+
+    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+        if group is None:
+            self.metrics.metadata_missing.inc()
+            raise group_not_found(self.keys)
+        if self.request.metadata_version > group.metadata_version:
+            self.metrics.metadata_version_ahead.inc()
+        outcome = handle_heartbeat(group, self.member_id, self.request, now, self.config)
+        self.response = outcome.response
+        return outcome.group
+
+
+class TickOp:
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+        self.changed = False
+
+    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+        if group is None:
+            return None
+        after = tick(group, now, self.config)
+        self.changed = after is not group
+        return after
+
+
+class CreateGroupOp:
+    def __init__(self, keys: GroupKeys, shard_count: int) -> None:
+        self.keys = keys
+        self.shard_count = shard_count
+        self.group: GroupMetadata | None = None
+
+    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+        if group is not None:
+            raise group_already_exists(self.keys)
+        self.group = new_group(
+            self.keys.stream_prefix, self.keys.consumer_group, self.shard_count, now
+        )
+        return self.group
+
+
+class DeleteGroupOp:
+    def __init__(self, keys: GroupKeys, force: bool) -> None:
+        self.keys = keys
+        self.force = force
+        self.snapshot: GroupMetadata | None = None
+
+    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+        if group is None:
+            raise group_not_found(self.keys)
+        live = group.live_member_ids()
+        if (live or group.owners) and not self.force:
+            raise ApiError(
+                422,
+                "GROUP_NOT_INACTIVE",
+                f"group has {len(live)} live members and {len(group.owners)} held shards; "
+                "let the members leave first, or pass force=true for recovery",
+            )
+        self.snapshot = group
+        return DELETE
+
+
+# -- the service -------------------------------------------------------------------
+
+
+class CoordinatorService:
+    def __init__(
+        self,
+        store: MetadataStore,
+        provisioner: Provisioner,
+        settings: ServerSettings,
+        metrics: Metrics,
+        gate: TerminatingGate,
+    ) -> None:
+        self.store = store
+        self.provisioner = provisioner
+        self.settings = settings
+        self.config = settings.coordinator_config()
+        self.metrics = metrics
+        self.gate = gate
+        self.executor = GroupExecutor(store, settings, metrics)
+
+    def keys(self, stream_prefix: str, consumer_group: str) -> GroupKeys:
+        return self.store.group_keys(stream_prefix, consumer_group)
+
+    # -- member API --------------------------------------------------------------
+
+    async def heartbeat(
+        self, keys: GroupKeys, member_id: str, request: HeartbeatRequest
+    ) -> HeartbeatResponse:
+        started = time.perf_counter()
+        op = HeartbeatOp(keys, member_id, request, self.config, self.metrics)
+        try:
+            async with self.gate.critical():
+                await self.executor.submit(keys, op)
+            assert op.response is not None
+            response = op.response
+        except MutexTimeout:
+            # Not an HTTP error: the member simply heartbeats again.
+            response = HeartbeatResponse(
+                response_to=request.request_id,
+                status=HeartbeatStatus.RETRY,
+                member_id=request.member_id,
+                member_epoch=request.member_epoch,
+                heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+                rebalance_timeout_ms=self.config.rebalance_timeout_ms,
+            )
+        self.metrics.heartbeats.labels(str(response.status)).inc()
+        self.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
+        return response
+
+    # -- tick ----------------------------------------------------------------------
+
+    async def tick_group(self, keys: GroupKeys) -> bool:
+        op = TickOp(self.config)
+        await self.executor.submit(keys, op)
+        if op.changed:
+            self.metrics.ticks.inc()
+        return op.changed
+
+    # -- admin -----------------------------------------------------------------------
+
+    async def create_stream(
+        self, stream_prefix: str, request: CreateStreamRequest
+    ) -> StreamCreateResponse:
+        count = request.initial_shard_count or self.settings.default_shard_count
+        async with self.gate.critical(), self._stream_lock(stream_prefix):
+            if await self.store.read_stream_record(stream_prefix) is not None:
+                raise ApiError(
+                    409, "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists"
+                )
+            await self._refuse_collisions(stream_prefix, count)
+            await self.provisioner.provision(stream_prefix, count, None)
+            await self._write_stream_record(
+                stream_prefix, count, request.requested_by, request.reason
+            )
+        return StreamCreateResponse(
+            stream_prefix=stream_prefix, shard_count=count, metadata_version=1
+        )
+
+    async def create_group(self, keys: GroupKeys, request: CreateGroupRequest) -> GroupResponse:
+        prefix = keys.stream_prefix
+        async with self.gate.critical(), self._stream_lock(prefix):
+            record = await self.store.read_stream_record(prefix)
+            if record is not None:
+                count = _shard_count(record, prefix)
+                wanted = request.initial_shard_count
+                if wanted is not None and wanted != count:
+                    raise ApiError(
+                        409,
+                        "SHARD_COUNT_MISMATCH",
+                        f"stream {prefix!r} has {count} shards; initialShardCount={wanted} "
+                        "does not match (omit it, or scale the stream)",
+                    )
+            else:
+                count = request.initial_shard_count or self.settings.default_shard_count
+                await self._refuse_collisions(prefix, count)
+            if await self.store.load(keys) is not None:
+                # Checked before provisioning too, so a duplicate create does
+                # not touch Redis; the create CAS below is what decides.
+                raise group_already_exists(keys)
+            await self.provisioner.provision(prefix, count, keys.consumer_group)
+            if record is None:
+                await self._write_stream_record(prefix, count, request.requested_by, request.reason)
+            op = CreateGroupOp(keys, count)
+            self.store.forget(keys)
+            await self.executor.submit(keys, op)
+            await self.store.add_to_index(keys)
+        assert op.group is not None
+        return views.group_response(op.group)
+
+    async def delete_group(self, keys: GroupKeys, request: DeleteGroupRequest) -> GroupResponse:
+        op = DeleteGroupOp(keys, request.force)
+        async with self.gate.critical():
+            await self.executor.submit(keys, op)
+        assert op.snapshot is not None
+        return views.group_response(op.snapshot)
+
+    async def _refuse_collisions(self, stream_prefix: str, count: int) -> None:
+        collisions = await self.provisioner.collisions(stream_prefix, count)
+        if collisions:
+            shown = ", ".join(collisions[:5]) + (" ..." if len(collisions) > 5 else "")
+            raise ApiError(
+                409,
+                "STREAM_KEYS_EXIST",
+                f"stream {stream_prefix!r} has no coordinator metadata but its shard keys "
+                f"already hold data: {shown}",
+            )
+
+    async def _write_stream_record(
+        self, stream_prefix: str, count: int, requested_by: str, reason: str | None
+    ) -> None:
+        stamp = str(now_ms())
+        created = await self.store.create_stream_record(
+            stream_prefix,
+            {
+                "shardCount": str(count),
+                "metadataVersion": "1",
+                "schemaVersion": "1",
+                "layoutVersion": "1",
+                "createdAt": stamp,
+                "updatedAt": stamp,
+                "requestedBy": requested_by,
+                "reason": reason or "",
+            },
+        )
+        if not created:  # only possible if another writer ignored the stream lock
+            raise ApiError(409, "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists")
+
+    def _stream_lock(self, stream_prefix: str) -> _StreamLock:
+        return _StreamLock(self, stream_prefix)
+
+    # -- reads -----------------------------------------------------------------------
+
+    async def read_group(self, keys: GroupKeys) -> GroupMetadata:
+        loaded = await self.store.load(keys)
+        if loaded is None or loaded is False:
+            raise group_not_found(keys)
+        assert isinstance(loaded, Loaded)
+        return loaded.group
+
+    async def list_groups(self) -> list[GroupMetadata]:
+        groups = []
+        for prefix, group in await self.store.indexed_groups():
+            loaded = await self.store.load(self.keys(prefix, group))
+            if isinstance(loaded, Loaded):  # a vanished key is skipped, never rebuilt
+                groups.append(loaded.group)
+        return groups
+
+
+class _StreamLock:
+    """Serialises stream-layout creation for one stream prefix across processes."""
+
+    def __init__(self, service: CoordinatorService, stream_prefix: str) -> None:
+        self.service = service
+        self.key = service.store.stream_lock_key(stream_prefix)
+        self.token = service.store.new_token()
+
+    async def __aenter__(self) -> None:
+        settings = self.service.settings
+        deadline = time.monotonic() + settings.mutex_wait_ms / 1000
+        while not await self.service.store.try_lock(self.key, self.token, settings.mutex_ttl_ms):
+            if time.monotonic() > deadline:
+                raise ApiError(503, "COORDINATOR_BUSY", "stream layout is being changed; retry")
+            await asyncio.sleep(0.01)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await _quietly(self.service.store.release(self.key, self.token))
+
+
+def _shard_count(record: dict[str, str], prefix: str) -> int:
+    try:
+        return int(record["shardCount"])
+    except (KeyError, ValueError) as exc:
+        raise ApiError(
+            503, "METADATA_CORRUPT", f"stream layout record of {prefix!r} has no valid shardCount"
+        ) from exc

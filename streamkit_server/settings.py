@@ -1,0 +1,62 @@
+"""Server settings: environment variables ``STREAMKIT_SERVER_*``, each also a CLI flag.
+
+Secrets without a configured value are generated at start-up (see ``cli``),
+never defaulted to a well-known string.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from streamkit_server.core import CoordinatorConfig
+
+__all__ = ["ServerSettings"]
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STREAMKIT_SERVER_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # True: redis-py RedisCluster with the URL as a start-up node.
+    redis_cluster: bool = False
+    admin_username: str = Field(default="admin", min_length=1)
+    # None: a random password is generated and printed once at start-up.
+    admin_password: SecretStr | None = None
+    # None: a random secret per process; tokens then neither survive a restart
+    # nor are accepted by another coordinator process.
+    token_secret: SecretStr | None = None
+    token_ttl_seconds: int = Field(default=7 * 24 * 3600, ge=1)
+    key_prefix: str = Field(default="redis-stream:coord", min_length=1)
+    heartbeat_interval_ms: int = Field(default=3_000, ge=1)
+    member_lease_ttl_ms: int = Field(default=15_000, ge=1)
+    rebalance_timeout_ms: int = Field(default=60_000, ge=1)
+    tick_interval_ms: int = Field(default=1_000, ge=1)
+    default_shard_count: int = Field(default=4, ge=1, le=65_536)
+    authenticate_member_api: bool = False
+    # Group mutex: how long a holder may keep it (crash safety) and how long a
+    # request waits for it before answering RETRY.
+    mutex_ttl_ms: int = Field(default=5_000, ge=100)
+    mutex_wait_ms: int = Field(default=2_000, ge=1)
+    # Request bodies above this are answered 413 before they are parsed.
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # After SIGTERM: how long the process keeps answering 503
+    # COORDINATOR_TERMINATING (so clients on open connections move to another
+    # coordinator) before it closes its listener and exits.
+    shutdown_grace_ms: int = Field(default=1_000, ge=0)
+    log_level: str = "info"
+    access_log: bool = False
+
+    @model_validator(mode="after")
+    def _check_timings(self) -> ServerSettings:
+        self.coordinator_config()  # raises ValueError on inconsistent timings
+        return self
+
+    def coordinator_config(self) -> CoordinatorConfig:
+        return CoordinatorConfig(
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            member_lease_ttl_ms=self.member_lease_ttl_ms,
+            rebalance_timeout_ms=self.rebalance_timeout_ms,
+        )

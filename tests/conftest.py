@@ -1,0 +1,75 @@
+"""Shared fixtures: real, private Redis servers (never fakes or mocks).
+
+The session fixtures are lazy: a run that never asks for the cluster never
+pays for starting it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from streamkit.testing import RedisCluster, RedisServer, RedisTarget
+
+_STANDALONE_FIXTURES = frozenset({"redis_server", "redis_url", "private_redis_server"})
+_CLUSTER_FIXTURES = frozenset({"redis_cluster", "cluster_url"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Derive the `redis` / `cluster` markers from the fixtures a test uses, so
+    # `-m "not cluster"` works without every test having to repeat itself.
+    # tryfirst: the markers must exist before pytest's own -m deselection.
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        uses_cluster = bool(names & _CLUSTER_FIXTURES) or params.get("any_redis") == "cluster"
+        if uses_cluster or names & _STANDALONE_FIXTURES or "any_redis" in names:
+            item.add_marker(pytest.mark.redis)
+        if uses_cluster:
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One standalone redis-server for the whole session."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """One 3-primary Redis Cluster (no replicas) for the whole session."""
+    with RedisCluster(primaries=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """URL of the session's standalone server, flushed for this test."""
+    redis_server.flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: RedisCluster) -> str:
+    """URL of a node of the session's cluster, every primary flushed for this test."""
+    redis_cluster.flushall()
+    return redis_cluster.url
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def any_redis(request: pytest.FixtureRequest) -> RedisTarget:
+    """Run the test once against standalone Redis and once against the cluster."""
+    if request.param == "cluster":
+        # getfixturevalue keeps the cluster lazy: only started if selected.
+        return RedisTarget(url=request.getfixturevalue("cluster_url"), cluster=True)
+    return RedisTarget(url=request.getfixturevalue("redis_url"), cluster=False)
+
+
+@pytest.fixture
+def private_redis_server() -> Iterator[RedisServer]:
+    """A standalone server owned by one test, free to be killed and restarted."""
+    with RedisServer() as server:
+        yield server
