@@ -90,6 +90,9 @@ class MemberStateMachine:
     lease_until_ms: int | None = None
     last_status: HeartbeatStatus | None = None
     left: bool = False
+    #: Set by ``stop()``: a member shutting down starts no shard again, even
+    #: when an OK answer still assigns it (it leaves once drained).
+    stopping: bool = False
     _sent: _Sent | None = None
     _sequence: int = 0
 
@@ -187,6 +190,7 @@ class MemberStateMachine:
 
     def stop(self) -> frozenset[int]:
         """Stop reading everything (shutdown): all read shards start draining."""
+        self.stopping = True
         stopped = frozenset(self.reading)
         self.draining |= self.reading
         self.reading.clear()
@@ -249,7 +253,7 @@ class MemberStateMachine:
             self.reading -= removed
             self.draining |= removed
             reactions.append(Reaction(ReactionKind.DRAIN, frozenset(removed), status))
-        if status is HeartbeatStatus.OK:
+        if status is HeartbeatStatus.OK and not self.stopping:
             started = assigned - self.reading
             # A shard we were draining may come back: the coordinator only
             # assigns a shard this member still holds or that is free.

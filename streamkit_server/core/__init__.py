@@ -18,6 +18,17 @@ from .model import (
     ShardProgress,
     new_group,
 )
+from .resharding import (
+    ReshardingRejected,
+    ReshardingWork,
+    apply_drain_probe,
+    apply_retirement,
+    complete_provisioning,
+    fail_provisioning,
+    pending_work,
+    rollback_resharding,
+    start_resharding,
+)
 from .timeouts import begin_correction, next_deadline_ms, tick
 
 __all__ = [
@@ -29,12 +40,21 @@ __all__ = [
     "HeartbeatOutcome",
     "MemberMetadata",
     "MigrationRecord",
+    "ReshardingRejected",
+    "ReshardingWork",
     "ShardProgress",
+    "apply_drain_probe",
+    "apply_retirement",
     "assign",
     "begin_correction",
+    "complete_provisioning",
+    "fail_provisioning",
     "handle_heartbeat",
     "moved_count",
     "new_group",
     "next_deadline_ms",
+    "pending_work",
+    "rollback_resharding",
+    "start_resharding",
     "tick",
 ]

@@ -12,6 +12,10 @@ class CoordinatorConfig:
     rebalance_timeout_ms: int = 60_000
     min_protocol_version: int = 1
     max_protocol_version: int = 1
+    # The longest routing-cache lease any producer uses.  After a layout
+    # change no producer can still write to a removed shard once this has
+    # passed, which is what makes a drain check final.
+    producer_routing_lease_ms: int = 30_000
     # How long records of expired, fenced or departed members stay visible to
     # monitoring after they stopped owning anything.
     dead_member_retention_ms: int = 300_000

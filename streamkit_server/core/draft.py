@@ -288,7 +288,9 @@ class Draft:
     def finish(self) -> GroupMetadata:
         if self.membership_changed:
             self.group.group_epoch += 1
-        if self.dirty:
+        if self.observable:
+            # Only ownership and target changes alter who must revoke; a
+            # liveness-only heartbeat skips the O(shards) pass.
             self._refresh_revoke_deadlines()
         self._maybe_close_correction()
         if not self.dirty:

@@ -136,7 +136,7 @@ def _join(draft: Draft, request: HeartbeatRequest) -> HeartbeatOutcome:
     if request.owned_shards:
         # The contract: a (re)join starts from empty ownership.  Accepting
         # claims here would let a member that was fenced keep reading.
-        return _reject(draft.group, request, HeartbeatStatus.INVALID_REQUEST, draft.config)
+        return _reject(draft.original, request, HeartbeatStatus.INVALID_REQUEST, draft.config)
     existing = draft.group.members.get(member_id)
     if existing is not None and existing.live:
         # A retried join (its answer was lost) or a restarted process: either way

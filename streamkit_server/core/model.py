@@ -18,7 +18,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from streamkit.protocol import GroupState, MemberState
+from streamkit.protocol import GroupState, MemberState, MigrationState
 
 SCHEMA_VERSION = 1
 LAYOUT_VERSION = 1
@@ -79,16 +79,36 @@ class CorrectionRound(_Aggregate):
 
 
 class MigrationRecord(_Aggregate):
-    """A resharding operation (filled in by the resharding workflow)."""
+    """One resharding operation of a group (see ``resharding.py``)."""
 
     resharding_id: str
     from_shard_count: int
     to_shard_count: int
-    state: str
+    state: MigrationState
     created_at_ms: int
     updated_at_ms: int
     requested_by: str | None = None
     reason: str | None = None
+    # When producers were pointed at the new layout; removed shards are not
+    # proven drained before every producer's routing lease from then has run out.
+    switched_at_ms: int | None = None
+    # Shards the layout change takes away: drained, then retired.
+    removed_shards: list[int] = Field(default_factory=list)
+    retired_shards: list[int] = Field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_MIGRATION_STATES
+
+
+ACTIVE_MIGRATION_STATES = frozenset(
+    {
+        MigrationState.PREPARING,
+        MigrationState.ACTIVE,
+        MigrationState.DRAINING,
+        MigrationState.ROLLING_BACK,
+    }
+)
 
 
 class GroupMetadata(_Aggregate):
@@ -113,6 +133,9 @@ class GroupMetadata(_Aggregate):
     migrations: list[MigrationRecord] = Field(default_factory=list)
     created_at_ms: int = 0
     updated_at_ms: int = 0
+
+    def active_migration(self) -> MigrationRecord | None:
+        return next((m for m in reversed(self.migrations) if m.active), None)
 
     def assignable_shards(self) -> list[int]:
         shards = set(range(self.shard_count))

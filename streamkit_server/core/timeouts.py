@@ -5,6 +5,7 @@ from __future__ import annotations
 from .config import CoordinatorConfig
 from .draft import Draft
 from .model import GroupMetadata
+from .resharding import advance_migration
 
 
 def tick(group: GroupMetadata, now_ms: int, config: CoordinatorConfig) -> GroupMetadata:
@@ -15,6 +16,7 @@ def tick(group: GroupMetadata, now_ms: int, config: CoordinatorConfig) -> GroupM
     """
     draft = Draft(group, now_ms, config)
     draft.apply_timeouts()
+    advance_migration(draft)
     return draft.finish()
 
 
@@ -33,6 +35,11 @@ def next_deadline_ms(group: GroupMetadata, config: CoordinatorConfig) -> int | N
             deadlines.append(member.fenced_at_ms + config.member_lease_ttl_ms)
         elif member.dead_since_ms is not None:
             deadlines.append(member.dead_since_ms + config.dead_member_retention_ms + 1)
+    migration = group.active_migration()
+    if migration is not None:
+        # A migration waits on Redis work (provisioning, drain probes) that only
+        # the server's loop can do: keep it due while the migration is open.
+        deadlines.append(migration.updated_at_ms)
     if group.correction is not None:
         deadlines.append(group.correction.started_at_ms + config.member_lease_ttl_ms)
     return min(deadlines) if deadlines else None

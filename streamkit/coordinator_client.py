@@ -1,0 +1,162 @@
+"""A thin async HTTP client for the coordinator's /coord/v1 API.
+
+It only moves wire models over HTTP; every protocol decision lives in
+``streamkit.member`` (consumers) and ``streamkit.routing_cache`` (producers).
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Self, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from streamkit.errors import StreamkitError
+from streamkit.protocol import (
+    API_PREFIX,
+    ErrorResponse,
+    GroupResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    ProducerRoutingResponse,
+    WireModel,
+)
+from streamkit.settings import StreamKitSettings
+
+M = TypeVar("M", bound=WireModel)
+
+
+class CoordinatorError(StreamkitError):
+    """The coordinator answered with an error (an ``ErrorResponse``)."""
+
+    def __init__(self, status_code: int, error_code: str | None, message: str) -> None:
+        super().__init__(f"coordinator answered {status_code} {error_code or ''}: {message}")
+        self.status_code = status_code
+        self.error_code = error_code
+
+
+class CoordinatorUnavailable(StreamkitError):
+    """The coordinator could not be reached or did not answer in time."""
+
+
+def _segment(value: str) -> str:
+    return quote(value, safe="")
+
+
+class CoordinatorClient:
+    """One keep-alive connection pool to the coordinator, shared by a process."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        timeout: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        auth: httpx.Auth | None = None
+        headers: dict[str, str] = {}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        elif username and password:
+            auth = httpx.BasicAuth(username, password)
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            auth=auth,
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: StreamKitSettings) -> CoordinatorClient:
+        return cls(
+            settings.coordinator_url,
+            username=settings.coordinator_username,
+            password=(
+                settings.coordinator_password.get_secret_value()
+                if settings.coordinator_password
+                else None
+            ),
+            token=(
+                settings.coordinator_token.get_secret_value()
+                if settings.coordinator_token
+                else None
+            ),
+            timeout=settings.coordinator_timeout,
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- calls -------------------------------------------------------------------
+
+    @staticmethod
+    def group_path(stream_prefix: str, consumer_group: str) -> str:
+        return f"{API_PREFIX}/streams/{_segment(stream_prefix)}/groups/{_segment(consumer_group)}"
+
+    async def get_group(self, stream_prefix: str, consumer_group: str) -> GroupResponse:
+        return await self._call(
+            "GET", self.group_path(stream_prefix, consumer_group), GroupResponse
+        )
+
+    async def get_routing(self, stream_prefix: str, consumer_group: str) -> ProducerRoutingResponse:
+        path = self.group_path(stream_prefix, consumer_group) + "/producer-routing"
+        return await self._call("GET", path, ProducerRoutingResponse)
+
+    async def heartbeat(
+        self, stream_prefix: str, consumer_group: str, request: HeartbeatRequest
+    ) -> HeartbeatResponse:
+        path = (
+            self.group_path(stream_prefix, consumer_group)
+            + f"/members/{_segment(request.member_id)}/heartbeat"
+        )
+        return await self._call("POST", path, HeartbeatResponse, body=request)
+
+    async def _call(
+        self, method: str, path: str, model: type[M], *, body: WireModel | None = None
+    ) -> M:
+        try:
+            response = await self._http.request(
+                method, path, json=body.to_wire(exclude_none=True) if body else None
+            )
+        except httpx.HTTPError as exc:
+            raise CoordinatorUnavailable(f"{method} {path}: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise _error(response)
+        try:
+            return model.from_wire(response.content)
+        except ValueError as exc:
+            raise CoordinatorError(
+                response.status_code, "BAD_RESPONSE", f"unreadable answer to {method} {path}"
+            ) from exc
+
+
+def _error(response: httpx.Response) -> StreamkitError:
+    if response.status_code in (502, 503, 504):
+        # Terminating or overloaded coordinators answer 503: try another one later.
+        try:
+            err = ErrorResponse.from_wire(response.content)
+            detail = f"{err.error_code}: {err.message}"
+        except ValueError:
+            detail = response.text[:200]
+        return CoordinatorUnavailable(f"coordinator answered {response.status_code}: {detail}")
+    try:
+        err = ErrorResponse.from_wire(response.content)
+        return CoordinatorError(response.status_code, err.error_code, err.message or "")
+    except ValueError:
+        return CoordinatorError(response.status_code, None, response.text[:200])

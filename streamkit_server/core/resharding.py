@@ -1,0 +1,307 @@
+"""Resharding as a Redis-recorded state machine (pure; the server does the I/O).
+
+A migration changes a group's layout from ``from_shard_count`` to
+``to_shard_count`` shards::
+
+    PREPARING -> ACTIVE -> DRAINING -> DEPRECATED
+        |          |          |
+        +----------+----------+--> (rollback) ROLLING_BACK -> ROLLED_BACK
+
+* PREPARING: the server creates the new shard streams and consumer groups;
+  nothing routes to them yet.  ``complete_provisioning`` switches routing.
+* ACTIVE: producers and consumers use the new layout; shards the change
+  removed stay assignable so members keep reading what is in them.
+* DRAINING: every producer's routing lease has run out since the switch, so
+  nothing new can reach a removed shard.  The server probes each removed shard
+  (``XINFO GROUPS``: every consumer group pending=0 and a known lag=0); a proven
+  shard stops being assignable, its holder revokes it, and once nobody holds it
+  the server retires it (checks again and deletes the key atomically).
+* DEPRECATED: every removed shard is retired.  A scale-out has no removed
+  shards and goes there as soon as the producer lease has passed.
+* Rollback is allowed until the first shard is retired: the layout switches
+  back and the shards the migration added are drained the same way.
+
+When every member has expired the revoke step is vacuous (nobody holds the
+shard), so completion waits only for the Redis-level drain proof.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from streamkit.protocol import MigrationState
+
+from .config import CoordinatorConfig
+from .draft import Draft
+from .model import GroupMetadata, MigrationRecord
+
+
+class ReshardingRejected(ValueError):
+    """A resharding request the current state does not allow."""
+
+    def __init__(self, error_code: str, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+        self.status_code = status_code
+
+
+@dataclass(frozen=True, slots=True)
+class ReshardingWork:
+    """The Redis work a migration waits for, for the server to carry out."""
+
+    resharding_id: str
+    #: The migration is PREPARING: provision ``provision`` (possibly none, for a
+    #: scale-in), then call ``complete_provisioning``.
+    prepare: bool = False
+    #: Shards to provision: create the stream and the consumer groups.
+    provision: tuple[int, ...] = ()
+    #: Removed shards to probe for the drain proof.
+    probe: tuple[int, ...] = ()
+    #: Proven, unheld shards to retire (re-check and delete).
+    retire: tuple[int, ...] = ()
+
+
+def start_resharding(
+    group: GroupMetadata,
+    target_shard_count: int,
+    now_ms: int,
+    *,
+    resharding_id: str,
+    requested_by: str | None = None,
+    reason: str | None = None,
+) -> GroupMetadata:
+    if target_shard_count < 0:
+        raise ReshardingRejected(
+            "INVALID_TARGET_SHARD_COUNT", "targetShardCount must be 0 or more", 400
+        )
+    if group.active_migration() is not None:
+        raise ReshardingRejected(
+            "ACTIVE_MIGRATION_EXISTS",
+            f"{group.stream_prefix}/{group.consumer_group} already has an active migration",
+            409,
+        )
+    if target_shard_count == group.shard_count:
+        raise ReshardingRejected(
+            "SHARD_COUNT_UNCHANGED",
+            f"the stream already has {target_shard_count} shards",
+            422,
+        )
+    record = MigrationRecord(
+        resharding_id=resharding_id,
+        from_shard_count=group.shard_count,
+        to_shard_count=target_shard_count,
+        state=MigrationState.PREPARING,
+        created_at_ms=now_ms,
+        updated_at_ms=now_ms,
+        requested_by=requested_by,
+        reason=reason,
+    )
+    draft = Draft(group, now_ms, CoordinatorConfig())
+    draft.group.migrations = [*group.migrations, record]
+    draft.dirty = draft.observable = True
+    return draft.finish()
+
+
+def pending_work(
+    group: GroupMetadata, now_ms: int, config: CoordinatorConfig
+) -> ReshardingWork | None:
+    migration = group.active_migration()
+    if migration is None:
+        return None
+    if migration.state is MigrationState.PREPARING:
+        added = range(migration.from_shard_count, migration.to_shard_count)
+        return ReshardingWork(migration.resharding_id, prepare=True, provision=tuple(added))
+    if migration.state not in (MigrationState.DRAINING, MigrationState.ROLLING_BACK):
+        return None
+    if not _producer_lease_passed(migration, now_ms, config):
+        return None
+    draining = set(group.draining_shards)
+    held = set(group.owners)
+    retired = set(migration.retired_shards)
+    probe = tuple(s for s in migration.removed_shards if s in draining)
+    retire = tuple(
+        s
+        for s in migration.removed_shards
+        if s not in draining and s not in held and s not in retired
+    )
+    if not probe and not retire:
+        return None
+    return ReshardingWork(migration.resharding_id, probe=probe, retire=retire)
+
+
+def complete_provisioning(
+    group: GroupMetadata, resharding_id: str, now_ms: int, config: CoordinatorConfig
+) -> GroupMetadata:
+    """New shards exist in Redis: route to the new layout."""
+    draft = Draft(group, now_ms, config)
+    migration = _migration(draft, resharding_id)
+    if migration.state is not MigrationState.PREPARING:
+        return group  # a retry after the switch was already recorded
+    old, new = migration.from_shard_count, migration.to_shard_count
+    removed = list(range(new, old))
+    _switch_layout(draft, new, removed)
+    _update_migration(
+        draft,
+        resharding_id,
+        state=MigrationState.ACTIVE,
+        switched_at_ms=now_ms,
+        removed_shards=removed,
+    )
+    return draft.finish()
+
+
+def fail_provisioning(
+    group: GroupMetadata, resharding_id: str, now_ms: int, config: CoordinatorConfig
+) -> GroupMetadata:
+    """Provisioning failed before anything was routed: the migration ends."""
+    draft = Draft(group, now_ms, config)
+    migration = _migration(draft, resharding_id)
+    if migration.state is MigrationState.PREPARING:
+        _update_migration(draft, resharding_id, state=MigrationState.ROLLED_BACK)
+    return draft.finish()
+
+
+def apply_drain_probe(
+    group: GroupMetadata,
+    resharding_id: str,
+    drained: Mapping[int, bool],
+    now_ms: int,
+    config: CoordinatorConfig,
+) -> GroupMetadata:
+    """Record which removed shards Redis proved drained.
+
+    A proven shard stops being assignable: its holder is asked to revoke it
+    (there is nothing left to read) and the next round retires it.
+    """
+    draft = Draft(group, now_ms, config)
+    migration = _migration(draft, resharding_id)
+    proven = {s for s, ok in drained.items() if ok and s in migration.removed_shards}
+    if proven & set(draft.group.draining_shards):
+        draft.group.draining_shards = sorted(set(draft.group.draining_shards) - proven)
+        draft.dirty = draft.observable = draft.membership_changed = True
+        draft.rebalance()
+    return draft.finish()
+
+
+def apply_retirement(
+    group: GroupMetadata,
+    resharding_id: str,
+    retired: Mapping[int, bool],
+    now_ms: int,
+    config: CoordinatorConfig,
+) -> GroupMetadata:
+    """Record the outcome of retiring shards.
+
+    ``True``: Redis re-checked the drain proof and deleted the key (or it was
+    already gone).  ``False``: new entries appeared, so the shard becomes
+    assignable again and is drained once more.
+    """
+    draft = Draft(group, now_ms, config)
+    migration = _migration(draft, resharding_id)
+    done = sorted(s for s, ok in retired.items() if ok and s in migration.removed_shards)
+    again = sorted(s for s, ok in retired.items() if not ok and s in migration.removed_shards)
+    if again:
+        draft.group.draining_shards = sorted(set(draft.group.draining_shards) | set(again))
+        draft.dirty = draft.observable = draft.membership_changed = True
+        draft.rebalance()
+    if done:
+        _update_migration(
+            draft,
+            resharding_id,
+            retired_shards=sorted(set(migration.retired_shards) | set(done)),
+        )
+    advance_migration(draft)
+    return draft.finish()
+
+
+def rollback_resharding(
+    group: GroupMetadata, resharding_id: str, now_ms: int, config: CoordinatorConfig
+) -> GroupMetadata:
+    draft = Draft(group, now_ms, config)
+    migration = _migration(draft, resharding_id)
+    if migration.state is MigrationState.PREPARING:
+        _update_migration(draft, resharding_id, state=MigrationState.ROLLED_BACK)
+        return draft.finish()
+    if (
+        migration.state not in (MigrationState.ACTIVE, MigrationState.DRAINING)
+        or migration.retired_shards
+    ):
+        raise ReshardingRejected(
+            "ROLLBACK_NOT_ALLOWED",
+            f"migration {resharding_id} is {migration.state.value}"
+            + (" and has retired shards" if migration.retired_shards else "")
+            + "; it can no longer be rolled back",
+            422,
+        )
+    old = migration.from_shard_count
+    added = list(range(old, migration.to_shard_count))
+    # Shards the migration was draining go back to being ordinary shards.
+    draft.group.draining_shards = sorted(
+        set(draft.group.draining_shards) - set(migration.removed_shards)
+    )
+    _switch_layout(draft, old, added)
+    _update_migration(
+        draft,
+        resharding_id,
+        state=MigrationState.ROLLING_BACK,
+        switched_at_ms=now_ms,
+        removed_shards=added,
+        retired_shards=[],
+    )
+    advance_migration(draft)
+    return draft.finish()
+
+
+def advance_migration(draft: Draft) -> None:
+    """Time- and progress-driven transitions; called from the tick too."""
+    migration = draft.group.active_migration()
+    if migration is None:
+        return
+    now, config = draft.now, draft.config
+    if migration.state is MigrationState.ACTIVE and _producer_lease_passed(migration, now, config):
+        _update_migration(draft, migration.resharding_id, state=MigrationState.DRAINING)
+        migration = draft.group.active_migration()
+        assert migration is not None
+    if migration.state in (MigrationState.DRAINING, MigrationState.ROLLING_BACK):
+        if set(migration.retired_shards) >= set(migration.removed_shards):
+            final = (
+                MigrationState.DEPRECATED
+                if migration.state is MigrationState.DRAINING
+                else MigrationState.ROLLED_BACK
+            )
+            _update_migration(draft, migration.resharding_id, state=final)
+
+
+def _producer_lease_passed(
+    migration: MigrationRecord, now_ms: int, config: CoordinatorConfig
+) -> bool:
+    return (
+        migration.switched_at_ms is not None
+        and now_ms >= migration.switched_at_ms + config.producer_routing_lease_ms
+    )
+
+
+def _switch_layout(draft: Draft, shard_count: int, removed: list[int]) -> None:
+    draft.group.shard_count = shard_count
+    draft.group.draining_shards = sorted(set(draft.group.draining_shards) | set(removed))
+    draft.dirty = draft.observable = draft.membership_changed = True
+    draft.rebalance()
+
+
+def _migration(draft: Draft, resharding_id: str) -> MigrationRecord:
+    for migration in draft.group.migrations:
+        if migration.resharding_id == resharding_id:
+            return migration
+    raise ReshardingRejected(
+        "MIGRATION_NOT_FOUND", f"no migration {resharding_id} for this group", 404
+    )
+
+
+def _update_migration(draft: Draft, resharding_id: str, **changes: object) -> None:
+    changes["updated_at_ms"] = draft.now
+    draft.group.migrations = [
+        m.model_copy(update=changes) if m.resharding_id == resharding_id else m
+        for m in draft.group.migrations
+    ]
+    draft.dirty = draft.observable = True

@@ -1,0 +1,205 @@
+"""The resharding state machine in the pure core."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamkit.protocol import MigrationState
+from streamkit_server.core import (
+    ReshardingRejected,
+    apply_drain_probe,
+    apply_retirement,
+    complete_provisioning,
+    fail_provisioning,
+    new_group,
+    pending_work,
+    rollback_resharding,
+    start_resharding,
+)
+
+from .harness import CONFIG, Harness, request
+
+LEASE = CONFIG.producer_routing_lease_ms
+
+
+def with_members(shards: int, members: list[str]) -> Harness:
+    h = Harness(group=new_group("orders", "billing", shards, 0))
+    for m in members:
+        h.join(m)
+    for _ in range(3):  # settle: everyone reads its share
+        for m in members:
+            mm = h.group.members[m]
+            h.beat(
+                m,
+                request(
+                    m,
+                    mm.member_epoch,
+                    owned=h.group.assigned_to(m),
+                    version=h.group.metadata_version,
+                ),
+            )
+    return h
+
+
+def state(h: Harness) -> MigrationState:
+    return h.group.migrations[-1].state
+
+
+def settle(h: Harness, members: list[str]) -> None:
+    """Members drain whatever they were told to give up and heartbeat."""
+    for m in members:
+        mm = h.group.members[m]
+        if not mm.live:
+            continue
+        keep = h.group.assigned_to(m)
+        gone = [s for s in h.group.shards_held_by(m) if s not in keep]
+        h.beat(
+            m,
+            request(m, mm.member_epoch, owned=keep, revoked=gone, version=h.group.metadata_version),
+        )
+
+
+def test_scale_out_provisions_switches_routing_and_deprecates_after_producer_lease() -> None:
+    h = with_members(4, ["a", "b"])
+    h.group = start_resharding(h.group, 8, h.now, resharding_id="r1")
+    assert state(h) is MigrationState.PREPARING and h.group.shard_count == 4
+    work = pending_work(h.group, h.now, CONFIG)
+    assert work is not None and work.provision == (4, 5, 6, 7)
+    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    assert state(h) is MigrationState.ACTIVE and h.group.shard_count == 8
+    for _ in range(3):
+        settle(h, ["a", "b"])
+    assert sorted(h.group.owners) == list(range(8))
+    h.advance(LEASE - 1)
+    h.tick()
+    assert state(h) is MigrationState.ACTIVE
+    h.advance(1)
+    h.tick()
+    assert state(h) is MigrationState.DEPRECATED
+
+
+def test_scale_in_retires_removed_shards_only_after_drain_proof_and_release() -> None:
+    h = with_members(8, ["a", "b", "c"])
+    h.group = start_resharding(h.group, 3, h.now, resharding_id="r1")
+    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    assert h.group.shard_count == 3 and h.group.draining_shards == [3, 4, 5, 6, 7]
+    # Removed shards stay assigned so their backlog is consumed.
+    settle(h, ["a", "b", "c"])
+    assert set(h.group.owners) == set(range(8))
+    assert pending_work(h.group, h.now, CONFIG) is None  # producers may still write there
+    h.advance(LEASE)
+    h.tick()
+    assert state(h) is MigrationState.DRAINING
+    work = pending_work(h.group, h.now, CONFIG)
+    assert work is not None and work.probe == (3, 4, 5, 6, 7) and work.retire == ()
+    # Shard 7 still has lag: only the others are proven.
+    h.group = apply_drain_probe(
+        h.group, "r1", {3: True, 4: True, 5: True, 6: True, 7: False}, h.now, CONFIG
+    )
+    assert h.group.draining_shards == [7]
+    work = pending_work(h.group, h.now, CONFIG)
+    assert work is not None and work.retire == ()  # still held: holders must revoke first
+    settle(h, ["a", "b", "c"])
+    work = pending_work(h.group, h.now, CONFIG)
+    assert work is not None and work.retire == (3, 4, 5, 6) and work.probe == (7,)
+    h.group = apply_retirement(h.group, "r1", {3: True, 4: True, 5: True, 6: True}, h.now, CONFIG)
+    assert state(h) is MigrationState.DRAINING
+    h.group = apply_drain_probe(h.group, "r1", {7: True}, h.now, CONFIG)
+    settle(h, ["a", "b", "c"])
+    h.group = apply_retirement(h.group, "r1", {7: True}, h.now, CONFIG)
+    assert state(h) is MigrationState.DEPRECATED
+    assert set(h.group.target) == {0, 1, 2}
+
+
+def test_failed_retirement_makes_the_shard_assignable_again() -> None:
+    h = with_members(4, ["a"])
+    h.group = start_resharding(h.group, 2, h.now, resharding_id="r1")
+    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.advance(LEASE)
+    h.tick()
+    h.group = apply_drain_probe(h.group, "r1", {2: True, 3: True}, h.now, CONFIG)
+    settle(h, ["a"])
+    h.group = apply_retirement(h.group, "r1", {2: True, 3: False}, h.now, CONFIG)
+    assert h.group.draining_shards == [3] and 3 in h.group.target
+    assert state(h) is MigrationState.DRAINING
+
+
+def test_scale_in_with_every_member_expired_needs_only_the_redis_drain_proof() -> None:
+    h = with_members(4, ["a", "b"])
+    h.group = start_resharding(h.group, 2, h.now, resharding_id="r1")
+    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.advance(max(LEASE, CONFIG.member_lease_ttl_ms + 1))
+    h.tick()
+    assert h.group.owners == {} and state(h) is MigrationState.DRAINING
+    h.group = apply_drain_probe(h.group, "r1", {2: True, 3: True}, h.now, CONFIG)
+    work = pending_work(h.group, h.now, CONFIG)
+    assert work is not None and work.retire == (2, 3)
+    h.group = apply_retirement(h.group, "r1", {2: True, 3: True}, h.now, CONFIG)
+    assert state(h) is MigrationState.DEPRECATED
+
+
+def test_scale_to_zero_routes_nothing_and_drains_everything() -> None:
+    h = with_members(3, ["a"])
+    h.group = start_resharding(h.group, 0, h.now, resharding_id="r1")
+    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    assert h.group.shard_count == 0 and h.group.draining_shards == [0, 1, 2]
+    assert set(h.group.target) == {0, 1, 2}  # still read until drained
+
+
+def test_one_active_migration_at_a_time_and_bad_targets_are_rejected() -> None:
+    h = with_members(4, ["a"])
+    with pytest.raises(ReshardingRejected) as same:
+        start_resharding(h.group, 4, h.now, resharding_id="x")
+    assert same.value.error_code == "SHARD_COUNT_UNCHANGED"
+    with pytest.raises(ReshardingRejected) as negative:
+        start_resharding(h.group, -1, h.now, resharding_id="x")
+    assert negative.value.status_code == 400
+    h.group = start_resharding(h.group, 6, h.now, resharding_id="r1")
+    with pytest.raises(ReshardingRejected) as busy:
+        start_resharding(h.group, 8, h.now, resharding_id="r2")
+    assert (busy.value.error_code, busy.value.status_code) == ("ACTIVE_MIGRATION_EXISTS", 409)
+
+
+def test_failed_provisioning_routes_nothing() -> None:
+    h = with_members(4, ["a"])
+    h.group = start_resharding(h.group, 6, h.now, resharding_id="r1")
+    h.group = fail_provisioning(h.group, "r1", h.now, CONFIG)
+    assert state(h) is MigrationState.ROLLED_BACK and h.group.shard_count == 4
+
+
+def test_rollback_while_allowed_drains_the_added_shards() -> None:
+    h = with_members(4, ["a"])
+    h.group = start_resharding(h.group, 6, h.now, resharding_id="r1")
+    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.group = rollback_resharding(h.group, "r1", h.now, CONFIG)
+    assert state(h) is MigrationState.ROLLING_BACK
+    assert h.group.shard_count == 4 and h.group.draining_shards == [4, 5]
+    h.advance(LEASE)
+    h.tick()
+    h.group = apply_drain_probe(h.group, "r1", {4: True, 5: True}, h.now, CONFIG)
+    settle(h, ["a"])
+    h.group = apply_retirement(h.group, "r1", {4: True, 5: True}, h.now, CONFIG)
+    assert state(h) is MigrationState.ROLLED_BACK
+
+
+def test_rollback_of_scale_in_reinstates_removed_shards() -> None:
+    h = with_members(4, ["a"])
+    h.group = start_resharding(h.group, 2, h.now, resharding_id="r1")
+    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.group = rollback_resharding(h.group, "r1", h.now, CONFIG)
+    assert h.group.shard_count == 4 and h.group.draining_shards == []
+    assert state(h) is MigrationState.ROLLED_BACK
+
+
+def test_rollback_refused_once_a_shard_is_retired() -> None:
+    h = with_members(4, ["a"])
+    h.group = start_resharding(h.group, 2, h.now, resharding_id="r1")
+    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.advance(LEASE)
+    h.tick()
+    h.group = apply_drain_probe(h.group, "r1", {2: True}, h.now, CONFIG)
+    settle(h, ["a"])
+    h.group = apply_retirement(h.group, "r1", {2: True}, h.now, CONFIG)
+    with pytest.raises(ReshardingRejected) as refused:
+        rollback_resharding(h.group, "r1", h.now, CONFIG)
+    assert (refused.value.error_code, refused.value.status_code) == ("ROLLBACK_NOT_ALLOWED", 422)
