@@ -1,0 +1,81 @@
+"""streamkit: sharded Redis Streams with a KIP-848-style coordinator.
+
+::
+
+    from streamkit import Message, StreamKit
+
+    app = StreamKit()
+
+    @app.stream_listener(stream_prefix="orders", group="billing", concurrency=4)
+    async def on_order(msg: Message) -> None:
+        ...
+        await msg.ack()
+
+Run it with ``streamkit run myapp:app``.
+
+The names below are imported lazily, so ``import streamkit.protocol`` (which
+the coordinator server does) does not pull in the client runtime.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamkit.app import StreamKit
+    from streamkit.consumer import GroupNotFoundError, MemberRejectedError
+    from streamkit.coordinator_client import CoordinatorError, CoordinatorUnavailable
+    from streamkit.errors import StreamkitError
+    from streamkit.lifecycle import ShardContext, ShardLifecycle
+    from streamkit.listener import ListenerConfigError
+    from streamkit.message import Message
+    from streamkit.producer import Publisher, PublishError, PublishResult
+    from streamkit.settings import StreamKitSettings
+
+__all__ = [
+    "CoordinatorError",
+    "CoordinatorUnavailable",
+    "GroupNotFoundError",
+    "ListenerConfigError",
+    "MemberRejectedError",
+    "Message",
+    "PublishError",
+    "PublishResult",
+    "Publisher",
+    "ShardContext",
+    "ShardLifecycle",
+    "StreamKit",
+    "StreamKitSettings",
+    "StreamkitError",
+]
+
+_EXPORTS: dict[str, str] = {
+    "StreamKit": "streamkit.app",
+    "GroupNotFoundError": "streamkit.consumer",
+    "MemberRejectedError": "streamkit.consumer",
+    "CoordinatorError": "streamkit.coordinator_client",
+    "CoordinatorUnavailable": "streamkit.coordinator_client",
+    "StreamkitError": "streamkit.errors",
+    "ShardContext": "streamkit.lifecycle",
+    "ShardLifecycle": "streamkit.lifecycle",
+    "ListenerConfigError": "streamkit.listener",
+    "Message": "streamkit.message",
+    "PublishError": "streamkit.producer",
+    "PublishResult": "streamkit.producer",
+    "Publisher": "streamkit.producer",
+    "StreamKitSettings": "streamkit.settings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'streamkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -44,6 +44,7 @@ from streamkit_server import views
 from streamkit_server.core import (
     CoordinatorConfig,
     GroupMetadata,
+    begin_correction,
     handle_heartbeat,
     new_group,
     tick,
@@ -120,6 +121,7 @@ class GroupExecutor:
     def __init__(self, store: MetadataStore, settings: ServerSettings, metrics: Metrics) -> None:
         self.store = store
         self.settings = settings
+        self.config = settings.coordinator_config()
         self.metrics = metrics
         self._lanes: dict[str, _Lane] = {}
 
@@ -161,6 +163,13 @@ class GroupExecutor:
             now = now_ms()
             before = loaded.group if loaded is not None else None
             state: GroupMetadata | Deletion | None = before
+            if loaded is not None and loaded.regressed_from_version is not None:
+                # This process wrote a later revision than Redis now holds: open
+                # the correction round itself instead of waiting for a client to
+                # report a higher version (no shard moves for one member lease).
+                state = begin_correction(
+                    loaded.group, now, self.config, loaded.regressed_from_version
+                )
             errors: dict[int, BaseException] = {}
             for position, item in enumerate(batch):
                 if isinstance(state, Deletion):

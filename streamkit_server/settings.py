@@ -34,6 +34,10 @@ class ServerSettings(BaseSettings):
     member_lease_ttl_ms: int = Field(default=15_000, ge=1)
     rebalance_timeout_ms: int = Field(default=60_000, ge=1)
     tick_interval_ms: int = Field(default=1_000, ge=1)
+    # The longest routing lease any producer uses (STREAMKIT_ROUTING_LEASE on
+    # the clients, in seconds there): a removed shard is proven drained only
+    # after this much time has passed since the layout switched.
+    producer_routing_lease_ms: int = Field(default=30_000, ge=0)
     default_shard_count: int = Field(default=4, ge=1, le=65_536)
     authenticate_member_api: bool = False
     # Group mutex: how long a holder may keep it (crash safety) and how long a
@@ -59,4 +63,5 @@ class ServerSettings(BaseSettings):
             heartbeat_interval_ms=self.heartbeat_interval_ms,
             member_lease_ttl_ms=self.member_lease_ttl_ms,
             rebalance_timeout_ms=self.rebalance_timeout_ms,
+            producer_routing_lease_ms=self.producer_routing_lease_ms,
         )

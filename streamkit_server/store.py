@@ -19,6 +19,7 @@ Writes are revision CAS scripts; every script touches keys of one slot only.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 from dataclasses import dataclass
@@ -146,6 +147,9 @@ class Loaded:
     updated_at: str
     aggregate_len: int
     group: GroupMetadata
+    #: Set when this process had seen a later revision of the group: Redis lost
+    #: writes.  Holds the highest metadataVersion this process saw.
+    regressed_from_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +184,7 @@ class MetadataStore:
         # still match what Redis holds.
         self._parsed: dict[str, Loaded] = {}
         # Highest revision seen per group lifecycle (created_at_ms, revision).
-        self._highest: dict[str, tuple[int, int]] = {}
+        self._highest: dict[str, tuple[int, int, int]] = {}
 
     # -- keys ----------------------------------------------------------------
 
@@ -262,33 +266,30 @@ class MetadataStore:
         else:
             assert cached is not None
             loaded = cached
-        self._observe(loaded)
-        return loaded
+        return self._observe(loaded)
 
-    def _observe(self, loaded: Loaded) -> None:
+    def _observe(self, loaded: Loaded) -> Loaded:
         key = loaded.keys.metadata
         lifecycle = loaded.group.created_at_ms
+        version = loaded.group.metadata_version
         seen = self._highest.get(key)
         if seen is not None and seen[0] == lifecycle and loaded.revision < seen[1]:
             self.metrics.metadata_regression.inc()
             log.warning(
                 "metadata revision regression for %s: this process saw revision %d, "
-                "Redis now holds %d (lost writes, failover or restore)",
+                "Redis now holds %d (lost writes, failover or restore); "
+                "opening a metadata correction round",
                 key,
                 seen[1],
                 loaded.revision,
             )
-            self.on_revision_regression(loaded, seen[1])
+            # Reported once: the caller opens a correction round and writes it,
+            # and from then on the new, lower revision line is the one to follow.
+            self._highest[key] = (lifecycle, loaded.revision, version)
+            return dataclasses.replace(loaded, regressed_from_version=max(seen[2], version))
         if seen is None or seen[0] != lifecycle or loaded.revision > seen[1]:
-            self._highest[key] = (lifecycle, loaded.revision)
-
-    def on_revision_regression(self, loaded: Loaded, highest_seen: int) -> None:
-        """Hook: Redis went back to an older revision of a group this process knew.
-
-        Today this only counts and logs.  Once the core offers
-        ``begin_correction`` the service can open a correction round here, so a
-        rollback is handled even before a client reports a higher version.
-        """
+            self._highest[key] = (lifecycle, loaded.revision, version)
+        return loaded
 
     async def commit(
         self, loaded: Loaded | None, keys: GroupKeys, group: GroupMetadata, token: str

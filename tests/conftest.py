@@ -73,3 +73,6 @@ def private_redis_server() -> Iterator[RedisServer]:
     """A standalone server owned by one test, free to be killed and restarted."""
     with RedisServer() as server:
         yield server
+
+
+from coordinator_fixtures import coordinator, coordinator_factory, coordinator_pool  # noqa: E402, F401

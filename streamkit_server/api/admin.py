@@ -57,11 +57,12 @@ async def _audited(
     stream_prefix: str,
     consumer_group: str | None,
     reason: str | None,
+    success_status: int = 200,
 ) -> AsyncIterator[None]:
     """One audit record per admin mutation, whatever its outcome (SPEC §6)."""
     started = time.perf_counter()
     fingerprint = hashlib.sha256(body.model_dump_json(by_alias=True).encode()).hexdigest()[:16]
-    status = 200
+    status = success_status
     try:
         yield
     except ApiError as exc:
@@ -101,7 +102,9 @@ async def create_stream(
     request: Request, streamPrefix: str, body: CreateStreamRequest, principal: Writer
 ) -> JSONResponse:
     validate_stream_prefix(streamPrefix)
-    async with _audited(request, principal, "createStream", body, streamPrefix, None, body.reason):
+    async with _audited(
+        request, principal, "createStream", body, streamPrefix, None, body.reason, 201
+    ):
         result = await runtime(request).service.create_stream(streamPrefix, body)
     return JSONResponse(result.to_wire(), status_code=201)
 
@@ -119,7 +122,7 @@ async def create_group(
 ) -> JSONResponse:
     async with _audited(
         request, principal, "createGroup", body, keys.stream_prefix, keys.consumer_group,
-        body.reason,
+        body.reason, 201,
     ):  # fmt: skip
         result = await runtime(request).service.create_group(keys, body)
     return JSONResponse(result.to_wire(), status_code=201)

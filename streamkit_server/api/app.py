@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from streamkit_server.api import admin, auth, members, monitoring
-from streamkit_server.api.errors import install_error_handlers
+from streamkit_server.api.errors import BodyLimitMiddleware, install_error_handlers
 from streamkit_server.api.runtime import Runtime
 from streamkit_server.settings import ServerSettings
 
@@ -35,12 +35,12 @@ def create_app(settings: ServerSettings, *, admin_password: str, token_secret: b
         title="Redis Stream Coordinator API (streamkit)",
         version="v1",
         lifespan=lifespan,
-        max_body_size=settings.max_body_bytes,
         docs_url="/docs",
         redoc_url=None,
     )
     app.state.runtime = runtime
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     for module in (auth, admin, members, monitoring):
         app.include_router(module.router)
 

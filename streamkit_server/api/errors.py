@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamkit.protocol import ErrorResponse
 from streamkit_server.errors import ApiError
@@ -24,7 +25,7 @@ from streamkit_server.mutex import MutexTimeout
 from streamkit_server.security import AuthError
 from streamkit_server.store import StoreError
 
-__all__ = ["error_response", "install_error_handlers"]
+__all__ = ["BodyLimitMiddleware", "error_response", "install_error_handlers"]
 
 log = logging.getLogger("streamkit_server.api")
 
@@ -139,3 +140,54 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RedisConnectionError, _redis)
     app.add_exception_handler(RedisTimeoutError, _redis)
     app.add_exception_handler(Exception, _unexpected)
+
+
+class BodyLimitMiddleware:
+    """Answer 413 (as ErrorResponse) for bodies above ``max_bytes``.
+
+    A declared Content-Length is checked before the app runs; a chunked body
+    is counted while it is read and cut off with the same 413.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared < 0:
+                    response = error_response(400, "BAD_REQUEST", "invalid Content-Length header")
+                    await response(scope, receive, send)
+                    return
+                if declared > self.max_bytes:
+                    await self._too_large(declared)(scope, receive, send)
+                    return
+        seen = 0
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    # FastAPI re-raises HTTPException from body reading, so it
+                    # reaches the 413 handler above.
+                    raise HTTPException(413, "request body too large")
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+    def _too_large(self, size: int) -> JSONResponse:
+        return error_response(
+            413,
+            "PAYLOAD_TOO_LARGE",
+            f"request body of {size} bytes exceeds the limit of {self.max_bytes} bytes",
+        )

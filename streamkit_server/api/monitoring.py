@@ -7,7 +7,7 @@ import importlib.metadata
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 from redis.exceptions import ResponseError
 
@@ -227,7 +227,7 @@ async def messages(
     request: Request,
     keys: Keys,
     _p: Reader,
-    shardIndex: Annotated[int, Query(ge=0, le=2**31 - 1)],
+    shardIndex: Annotated[int, Path(ge=0, le=2**31 - 1)],
     direction: StreamMessagePageDirection = StreamMessagePageDirection.BACKWARD,
     cursor: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 25,

@@ -297,7 +297,8 @@ class Draft:
             return self.original
         if self.observable:
             self.group.metadata_version += 1
-        self.group.state = _derive_state(self.group)
+            # The group state depends only on what ``observable`` covers.
+            self.group.state = _derive_state(self.group)
         self.group.updated_at_ms = self.now
         return self.group
 

@@ -177,7 +177,9 @@ def _answer(draft: Draft, request: HeartbeatRequest, member_id: str) -> Heartbea
     pending = group.pending_for(member_id)
     status = HeartbeatStatus.OK
     if group.correction is not None:
-        if request.metadata_version != group.metadata_version:
+        # Compared with the version the member could have seen: a change made
+        # by this very heartbeat (its own release) must not send it to resync.
+        if request.metadata_version != draft.original.metadata_version:
             status = HeartbeatStatus.SYNC_METADATA
         else:
             status = HeartbeatStatus.REVOKE_PENDING

@@ -1,0 +1,200 @@
+"""Benchmark: coordinator heartbeats against a trivial endpoint of the same app.
+
+Starts its own private redis-server and one coordinator subprocess (via
+``streamkit.testing``), lets simulated members join and settle, then measures
+closed-loop heartbeats (httpx.AsyncClient, keep-alive) for a fixed time.
+
+Run: python bench/heartbeat.py [--seconds 10]   (about a minute in total)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from streamkit.testing import RedisServer
+from streamkit.testing.coordinator import CoordinatorProcess
+
+API = "/coord/v1"
+CONNECTIONS = 64
+
+
+@dataclass
+class Member:
+    group: str
+    member_id: str
+    epoch: int = 0
+    version: int = 0
+    owned: set[int] = field(default_factory=set)
+    revoked: set[int] = field(default_factory=set)
+    stable: bool = False
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "protocolVersion": 1,
+            "requestId": "r",
+            "memberId": self.member_id,
+            "memberEpoch": self.epoch,
+            "metadataVersion": self.version,
+            "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1, "availableConcurrency": 1},
+            "ownedShards": [{"shardIndex": s} for s in sorted(self.owned)],
+            "revokingShards": [
+                {"shard": {"shardIndex": s}, "state": "REVOKED", "inFlight": 0}
+                for s in sorted(self.revoked)
+            ],
+        }
+
+    def apply(self, data: dict[str, Any]) -> None:
+        status = data["status"]
+        if status in ("UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH"):
+            self.epoch, self.owned, self.revoked = 0, set(), set()
+            return
+        if status == "RETRY":
+            return
+        self.epoch = data["memberEpoch"]
+        self.version = data["metadataVersion"]
+        assigned = {s["shardIndex"] for s in data["assignment"]["assignedShards"]}
+        pending = data["assignment"]["pendingShards"]
+        # Drained at once: reported REVOKED on the next heartbeat.
+        self.revoked = self.owned - assigned
+        self.owned = assigned if status == "OK" else self.owned & assigned
+        self.stable = status == "OK" and not pending and not self.revoked
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Result:
+    name: str
+    count: int
+    seconds: float
+    latencies: list[float]
+    server_cpu: float
+
+    @property
+    def rate(self) -> float:
+        return self.count / self.seconds
+
+    def pct(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+    @property
+    def cpu_ms(self) -> float:
+        return self.server_cpu / max(1, self.count) * 1000
+
+    def line(self) -> str:
+        return (
+            f"{self.name:<34} {self.rate:8.0f}/s  p50 {self.pct(0.5):6.1f} ms  "
+            f"p99 {self.pct(0.99):6.1f} ms  server CPU {self.cpu_ms:5.2f} ms/req"
+        )
+
+
+async def _settle(
+    http: httpx.AsyncClient, coord: CoordinatorProcess, members: list[Member]
+) -> None:
+    async def one(m: Member) -> None:
+        r = await http.post(f"{API}/streams/bench/groups/{m.group}/members/{m.member_id}/heartbeat",
+                            json=m.body())  # fmt: skip
+        m.apply(r.json())
+
+    for _ in range(40):
+        await asyncio.gather(*(one(m) for m in members))
+        if all(m.stable for m in members):
+            return
+    raise RuntimeError("members did not settle")
+
+
+async def _measure(
+    name: str, coord: CoordinatorProcess, http: httpx.AsyncClient, members: list[Member],
+    seconds: float, trivial: bool = False,
+) -> Result:  # fmt: skip
+    latencies: list[float] = []
+    stop = time.monotonic() + seconds
+    assert coord.pid is not None
+    cpu0 = _cpu_seconds(coord.pid)
+
+    async def loop(mine: list[Member]) -> None:
+        # One worker per connection, cycling through its members: thousands
+        # of coroutines queueing on httpx's pool would measure the pool.
+        n = 0
+        while time.monotonic() < stop:
+            m = mine[n % len(mine)]
+            n += 1
+            path = f"{API}/streams/bench/groups/{m.group}/members/{m.member_id}/heartbeat"
+            started = time.perf_counter()
+            if trivial:
+                r = await http.get(f"{API}/monitoring/compatibility", auth=coord.admin_auth)
+                r.raise_for_status()
+            else:
+                r = await http.post(path, json=m.body())
+                r.raise_for_status()
+                m.apply(r.json())
+            latencies.append(time.perf_counter() - started)
+
+    t0 = time.monotonic()
+    workers = min(CONNECTIONS, len(members))
+    await asyncio.gather(*(loop(members[w::workers]) for w in range(workers)))
+    elapsed = time.monotonic() - t0
+    return Result(name, len(latencies), elapsed, latencies, _cpu_seconds(coord.pid) - cpu0)
+
+
+async def _scenario(
+    coord: CoordinatorProcess, groups: int, per_group: int, seconds: float, trivial_too: bool
+) -> list[Result]:
+    limits = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
+    async with httpx.AsyncClient(base_url=coord.url, limits=limits, timeout=30) as http:
+        prefix = f"g{groups}x{per_group}"
+        names = [f"{prefix}-{g}" for g in range(groups)]
+        for name in names:
+            r = await http.post(f"{API}/streams/bench/groups/{name}",
+                                json={"initialShardCount": 16, "requestedBy": "bench"},
+                                auth=coord.admin_auth)  # fmt: skip
+            r.raise_for_status()
+        members = [Member(n, f"m{i}") for n in names for i in range(per_group)]
+        await _settle(http, coord, members)
+        label = f"{groups} group(s) x {per_group} members"
+        results = [await _measure(f"heartbeat, {label}", coord, http, members, seconds)]
+        if trivial_too:
+            results.append(
+                await _measure("trivial GET compatibility", coord, http, members, seconds, True)
+            )
+        return results
+
+
+async def _main(seconds: float) -> None:
+    print(f"machine: {os.cpu_count()} cores; closed loop, {CONNECTIONS} keep-alive connections; "
+          f"client, coordinator and redis-server share the machine")  # fmt: skip
+    with RedisServer() as redis, CoordinatorProcess(
+        redis.url, heartbeat_interval_ms=3000, member_lease_ttl_ms=60_000,
+        rebalance_timeout_ms=60_000, tick_interval_ms=1000,
+    ) as coord:  # fmt: skip
+        hb, trivial = await _scenario(coord, 10, 100, seconds, trivial_too=True)
+        (big,) = await _scenario(coord, 1, 1000, seconds, trivial_too=False)
+        (small,) = await _scenario(coord, 1, 10, seconds, trivial_too=False)
+    for result in (hb, trivial, big, small):
+        print(result.line())
+    print(f"heartbeat/trivial throughput ratio: {hb.rate / trivial.rate:.2f}")
+    print(f"1x1000 vs 1x10 per-heartbeat server CPU ratio: {big.cpu_ms / small.cpu_ms:.2f}")
+    print(f"1x1000 vs 1x10 per-heartbeat wall-time ratio (1/throughput): "
+          f"{small.rate / big.rate:.2f}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each scenario")
+    asyncio.run(_main(parser.parse_args().seconds))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""Benchmark: Publisher against raw redis-py XADD, same shards, same run.
+
+Starts a private redis-server (or, with --cluster, a 3-primary cluster) and a
+coordinator subprocess via ``streamkit.testing``, creates an 8-shard group and
+publishes N keyed ~100-byte messages in each mode:
+
+* single:  one awaited call per message
+  - raw xadd:  ``await r.xadd(key, fields, nomkstream=True)``, the shard key
+               computed *before* the timed loop (raw pays no routing)
+  - raw execute_command: the same command with its arguments prebuilt before
+               the timed loop (skips ``xadd()``'s argument handling, which the
+               publisher skips too: the strictest baseline)
+  - publisher: ``await publisher.publish(partition_key, fields)``
+* batched: batches of 100 messages
+  - raw per shard:  the batch grouped by shard, one pipeline per shard, awaited
+                    one after the other (the baseline named in the issue)
+  - raw 1 pipeline: the whole batch in one non-transactional pipeline (what
+                    the publisher does; the like-for-like baseline)
+  - publisher:      ``await publisher.publish_many(batch)``
+
+Each round sends the N messages through every mode, interleaved in slices of
+2,000 messages (rotating which mode goes first), so that noise on the shared
+cores hits every mode alike; the best round of each mode is kept. Streams are
+emptied (XTRIM MAXLEN 0, keys kept) after every slice, outside the timing.
+
+Run: python bench/publish.py [--messages 100000] [--rounds 3] [--cluster]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
+
+import httpx
+
+from streamkit.producer import Publisher
+from streamkit.routing import shard_for_key, stream_key
+from streamkit.settings import StreamKitSettings
+from streamkit.testing import AsyncRedisClient, RedisCluster, RedisServer, RedisTarget
+from streamkit.testing import redis_client as make_client
+from streamkit.testing.coordinator import CoordinatorProcess
+
+PREFIX = "bench-orders"
+GROUP = "billing"
+SHARDS = 8
+BATCH = 100
+SLICE = 2_000  # messages per mode before switching to the next mode
+PAYLOAD = "x" * 84  # with the key field: ~100 bytes of field data per message
+
+Message = tuple[str, dict[str, str]]
+Mode = Callable[[list[Message]], Awaitable[float]]  # returns seconds
+
+
+def messages(n: int) -> list[Message]:
+    out = []
+    for i in range(n):
+        key = f"customer-{i % 10_000:05d}"
+        out.append((key, {"key": key, "payload": PAYLOAD}))
+    return out
+
+
+def raw_single(r: AsyncRedisClient) -> Mode:
+    async def run(msgs: list[Message]) -> float:
+        keys = [stream_key(PREFIX, shard_for_key(k, SHARDS)) for k, _ in msgs]
+        started = time.perf_counter()
+        for key, (_, fields) in zip(keys, msgs, strict=True):
+            await r.xadd(key, fields, nomkstream=True)  # type: ignore[arg-type]
+        return time.perf_counter() - started
+
+    return run
+
+
+def raw_single_command(r: AsyncRedisClient) -> Mode:
+    async def run(msgs: list[Message]) -> float:
+        heads = [
+            ("XADD", stream_key(PREFIX, shard_for_key(k, SHARDS)), "NOMKSTREAM", "*")
+            for k, _ in msgs
+        ]
+        flat = [[x for pair in fields.items() for x in pair] for _, fields in msgs]
+        started = time.perf_counter()
+        for head, args in zip(heads, flat, strict=True):
+            await r.execute_command(*head, *args)
+        return time.perf_counter() - started
+
+    return run
+
+
+def raw_per_shard(r: AsyncRedisClient) -> Mode:
+    async def run(msgs: list[Message]) -> float:
+        batches = []
+        for lo in range(0, len(msgs), BATCH):
+            grouped: dict[str, list[dict[str, str]]] = {}
+            for k, fields in msgs[lo : lo + BATCH]:
+                grouped.setdefault(stream_key(PREFIX, shard_for_key(k, SHARDS)), []).append(fields)
+            batches.append(grouped)
+        started = time.perf_counter()
+        for grouped in batches:
+            for key, entries in grouped.items():
+                pipe = r.pipeline(transaction=False)
+                for fields in entries:
+                    pipe.xadd(key, fields, nomkstream=True)  # type: ignore[arg-type]
+                await pipe.execute()
+        return time.perf_counter() - started
+
+    return run
+
+
+def raw_one_pipeline(r: AsyncRedisClient) -> Mode:
+    async def run(msgs: list[Message]) -> float:
+        keys = [stream_key(PREFIX, shard_for_key(k, SHARDS)) for k, _ in msgs]
+        started = time.perf_counter()
+        for lo in range(0, len(msgs), BATCH):
+            pipe = r.pipeline(transaction=False)
+            for key, (_, fields) in zip(keys[lo : lo + BATCH], msgs[lo : lo + BATCH], strict=True):
+                pipe.xadd(key, fields, nomkstream=True)  # type: ignore[arg-type]
+            await pipe.execute()
+        return time.perf_counter() - started
+
+    return run
+
+
+def publisher_single(pub: Publisher) -> Mode:
+    async def run(msgs: list[Message]) -> float:
+        started = time.perf_counter()
+        for key, fields in msgs:
+            await pub.publish(key, fields)  # type: ignore[arg-type]
+        return time.perf_counter() - started
+
+    return run
+
+
+def publisher_batched(pub: Publisher) -> Mode:
+    async def run(msgs: list[Message]) -> float:
+        started = time.perf_counter()
+        for lo in range(0, len(msgs), BATCH):
+            await pub.publish_many(msgs[lo : lo + BATCH])  # type: ignore[arg-type]
+        return time.perf_counter() - started
+
+    return run
+
+
+async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, rounds: int) -> None:
+    async with httpx.AsyncClient(base_url=coordinator.url, auth=coordinator.admin_auth) as http:
+        answer = await http.post(
+            f"/coord/v1/streams/{PREFIX}/groups/{GROUP}",
+            json={"initialShardCount": SHARDS, "requestedBy": "bench", "reason": "bench"},
+        )
+        answer.raise_for_status()
+    user, password = coordinator.admin_auth
+    settings = StreamKitSettings(
+        coordinator_url=coordinator.url,
+        coordinator_username=user,
+        coordinator_password=password,
+        redis_url=target.url,
+        redis_cluster=target.cluster,
+    )
+    raw = make_client(target)
+    pub = Publisher(PREFIX, GROUP, settings=settings)  # its own Redis client, like an app's
+    await pub.start()
+    msgs = messages(n)
+    modes: dict[str, Mode] = {
+        "single  raw xadd": raw_single(raw),
+        "single  raw execute_command": raw_single_command(raw),
+        "single  publisher.publish": publisher_single(pub),
+        "batched raw, pipeline per shard": raw_per_shard(raw),
+        "batched raw, one pipeline": raw_one_pipeline(raw),
+        "batched publisher.publish_many": publisher_batched(pub),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in modes}
+    names = list(modes)
+    try:
+        for mode in modes.values():  # warm up connections and caches
+            await mode(msgs[:SLICE])
+        for r in range(rounds):
+            elapsed = dict.fromkeys(names, 0.0)
+            # Interleave the modes slice by slice (rotating who goes first), so a
+            # noisy moment on the shared 2 cores hits every mode alike.
+            for number, lo in enumerate(range(0, n, SLICE)):
+                for name in names[number % len(names) :] + names[: number % len(names)]:
+                    elapsed[name] += await modes[name](msgs[lo : lo + SLICE])
+                    for shard in range(SHARDS):
+                        await raw.xtrim(stream_key(PREFIX, shard), maxlen=0)
+            for name in names:
+                rates[name].append(n / elapsed[name])
+            print(f"round {r + 1}/{rounds} done", flush=True)
+    finally:
+        await pub.aclose()
+        await raw.aclose()
+
+    best = {name: max(values) for name, values in rates.items()}
+    print(f"\n{n:,} messages, {SHARDS} shards, {target.kind} Redis, best of {rounds} rounds")
+    for name, values in rates.items():
+        print(
+            f"  {name:<34}{best[name]:>10,.0f} msgs/s   (median {statistics.median(values):,.0f})"
+        )
+    single = best["single  publisher.publish"] / best["single  raw xadd"]
+    single_cmd = best["single  publisher.publish"] / best["single  raw execute_command"]
+    per_shard = best["batched publisher.publish_many"] / best["batched raw, pipeline per shard"]
+    one = best["batched publisher.publish_many"] / best["batched raw, one pipeline"]
+    print(f"\n  single:  publisher / raw xadd                = {single:.0%}")
+    print(f"  single:  publisher / raw execute_command     = {single_cmd:.0%}")
+    print(f"  batched: publisher / raw pipeline per shard = {per_shard:.0%}")
+    print(f"  batched: publisher / raw one pipeline       = {one:.0%}")
+    print(
+        f"  publisher counters: published={pub.published} retries={pub.retries} "
+        f"refreshes={pub.refresher.refreshes}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cluster", action="store_true", help="3-primary Redis Cluster")
+    args = parser.parse_args()
+    with ExitStack() as stack:
+        if args.cluster:
+            cluster = stack.enter_context(RedisCluster(primaries=3))
+            target = RedisTarget(cluster.url, cluster=True)
+        else:
+            server = stack.enter_context(RedisServer())
+            target = RedisTarget(server.url, cluster=False)
+        coordinator = stack.enter_context(CoordinatorProcess(target.url, cluster=target.cluster))
+        asyncio.run(bench(target, coordinator, args.messages, args.rounds))
+
+
+if __name__ == "__main__":
+    main()

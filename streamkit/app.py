@@ -1,0 +1,499 @@
+"""``StreamKit``: the application object users decorate and ``streamkit run`` serves."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from types import ModuleType, TracebackType
+from typing import Any, Self, TypeVar
+
+import anyio
+from dependency_injector import containers, providers
+
+from streamkit.connections import AsyncRedis, connect_redis
+from streamkit.consumer import GroupNotFoundError, MemberRuntime
+from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
+from streamkit.errors import StreamkitError
+from streamkit.lifecycle import ShardLifecycle
+from streamkit.listener import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_BLOCK_MS,
+    Listener,
+    ListenerConfigError,
+    MessageHandler,
+)
+from streamkit.member import MemberStateMachine
+from streamkit.poller import Handler, ReadObserver, ShardPoller, supports_xackdel
+from streamkit.producer import Publisher, PublisherStartupError, ShardStreamsMissing
+from streamkit.settings import StreamKitSettings
+
+__all__ = ["Lifespan", "StreamKit"]
+
+log = logging.getLogger("streamkit.app")
+
+F = TypeVar("F", bound=Callable[..., Any])
+Hook = Callable[[], Awaitable[None] | None]
+#: ``lifespan=``: called with the app, entered before listeners start, exited after.
+Lifespan = Callable[["StreamKit"], AbstractAsyncContextManager[object]]
+
+
+class StreamKit:
+    """Listeners, publishers, a DI container and the clients they share.
+
+    Settings come from ``STREAMKIT_*`` variables (or ``.env``); keyword
+    arguments override single settings: ``StreamKit(redis_url="redis://...")``.
+    Clients are created on first use and closed by ``close()``; clients passed
+    in are shared and left open.
+    """
+
+    def __init__(
+        self,
+        settings: StreamKitSettings | None = None,
+        *,
+        container: containers.Container | None = None,
+        lifespan: Lifespan | None = None,
+        coordinator: CoordinatorClient | None = None,
+        redis: AsyncRedis | None = None,
+        wire: Iterable[ModuleType | str] = (),
+        shutdown_timeout: float = 30.0,
+        read_observer: ReadObserver | None = None,
+        **overrides: Any,
+    ) -> None:
+        if overrides:
+            base = settings.model_dump() if settings is not None else {}
+            settings = StreamKitSettings(**{**base, **overrides})
+        self.settings = settings or StreamKitSettings()
+        self.container: containers.Container = container or containers.DynamicContainer()
+        self.shutdown_timeout = shutdown_timeout
+        self.read_observer = read_observer
+        self._lifespan = lifespan
+        self._coordinator = coordinator
+        self._owns_coordinator = coordinator is None
+        self._redis = redis
+        self._owns_redis = redis is None
+        self._wire = list(wire)
+        self._listeners: list[Listener] = []
+        self._publishers: list[Publisher] = []
+        self._startup: list[Hook] = []
+        self._shutdown: list[Hook] = []
+        self._stack: AsyncExitStack | None = None
+        self._members: list[MemberRuntime] = []
+        self._stop: anyio.Event | None = None
+        self._stop_requested = False
+        self._force_requested = False
+
+    # -- declarations ------------------------------------------------------------
+
+    @property
+    def listeners(self) -> tuple[Listener, ...]:
+        return tuple(self._listeners)
+
+    @property
+    def members(self) -> tuple[MemberRuntime, ...]:
+        """The running members (empty outside ``serve()``)."""
+        return tuple(self._members)
+
+    def stream_listener(
+        self,
+        *,
+        stream_prefix: str,
+        group: str,
+        concurrency: int = 1,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        max_in_flight: int | None = None,
+        block_ms: int = DEFAULT_BLOCK_MS,
+        auto_ack: bool = False,
+        ordered: bool = True,
+        claim_pending: bool = True,
+        lifecycle: ShardLifecycle | None = None,
+    ) -> Callable[[F], F]:
+        """Register ``handler(msg)`` for every entry of the group's shards.
+
+        ``concurrency`` members (``{member_id_base}-m{i}``) share the shards;
+        each reads up to ``batch_size`` entries per ``XREADGROUP`` and holds at
+        most ``max_in_flight`` (default ``4 * batch_size``) unfinished entries.
+        ``ordered`` handles a shard's entries one at a time in stream order;
+        ``auto_ack`` acks after the handler returns; ``lifecycle`` adds shard
+        hooks next to the built-in poller.  Returns the handler unchanged.
+        """
+
+        def register(handler: F) -> F:
+            self._add(
+                Listener.create(
+                    stream_prefix=stream_prefix,
+                    group=group,
+                    concurrency=concurrency,
+                    handler=handler,
+                    lifecycle=lifecycle,
+                    batch_size=batch_size,
+                    max_in_flight=max_in_flight,
+                    block_ms=block_ms,
+                    ordered=ordered,
+                    auto_ack=auto_ack,
+                    claim_pending=claim_pending,
+                )
+            )
+            return handler
+
+        # Validate now, so a bad declaration fails even before a handler is given.
+        Listener.create(
+            stream_prefix=stream_prefix,
+            group=group,
+            concurrency=concurrency,
+            handler=_placeholder,
+            lifecycle=lifecycle,
+            batch_size=batch_size,
+            max_in_flight=max_in_flight,
+            block_ms=block_ms,
+        )
+        return register
+
+    def shard_listener(
+        self,
+        *,
+        stream_prefix: str,
+        group: str,
+        lifecycle: ShardLifecycle,
+        concurrency: int = 1,
+    ) -> Listener:
+        """Members without the built-in poller: ``lifecycle`` does the reading.
+
+        The hooks get a ``ShardContext`` (member id, epoch, Redis client,
+        stream keys, ``may_read``); see ``ShardLifecycle`` for the rules.
+        """
+        listener = Listener.create(
+            stream_prefix=stream_prefix,
+            group=group,
+            concurrency=concurrency,
+            lifecycle=lifecycle,
+            require_handler=False,
+        )
+        self._add(listener)
+        return listener
+
+    def add_listener(
+        self, stream_prefix: str, group: str, handler: MessageHandler, **options: Any
+    ) -> Listener:
+        """``stream_listener`` without decorator syntax."""
+        self.stream_listener(stream_prefix=stream_prefix, group=group, **options)(handler)
+        return self._listeners[-1]
+
+    def _add(self, listener: Listener) -> None:
+        for existing in self._listeners:
+            if existing.key == listener.key:
+                # Member ids are per group: two listeners on one group in one
+                # process would claim the same member ids.
+                raise ListenerConfigError(
+                    f"a listener for stream {listener.stream_prefix!r} group "
+                    f"{listener.consumer_group!r} is already registered ({existing.name}); "
+                    "use one listener with a higher concurrency"
+                )
+        self._listeners.append(listener)
+
+    def publisher(
+        self,
+        *,
+        stream_prefix: str,
+        group: str,
+        maxlen: int | None = None,
+        provide_as: str | None = None,
+    ) -> Publisher:
+        """A ``Publisher`` sharing this app's coordinator and Redis clients.
+
+        Nothing connects now; ``start()`` (or ``serve()``) checks its routing.
+        With ``provide_as`` the publisher is also registered on the container
+        (overriding a provider of that name if the container declares one), so
+        handlers can receive it with ``Provide["name"]`` / ``Provide[Container.name]``.
+        """
+        publisher = Publisher(
+            stream_prefix,
+            group,
+            settings=self.settings,
+            coordinator=self.coordinator,
+            redis=self.redis,
+            maxlen=maxlen,
+        )
+        self._publishers.append(publisher)
+        if provide_as:
+            existing = self.container.providers.get(provide_as)
+            if existing is not None:
+                existing.override(providers.Object(publisher))
+            else:
+                setattr(self.container, provide_as, providers.Object(publisher))
+        return publisher
+
+    def on_startup(self, hook: F) -> F:
+        """Run ``hook()`` (sync or async) before listeners start."""
+        self._startup.append(hook)
+        return hook
+
+    def on_shutdown(self, hook: F) -> F:
+        """Run ``hook()`` (sync or async) after listeners stopped, in reverse order."""
+        self._shutdown.append(hook)
+        return hook
+
+    # -- shared clients ------------------------------------------------------------
+
+    @property
+    def coordinator(self) -> CoordinatorClient:
+        if self._coordinator is None:
+            self._coordinator = CoordinatorClient.from_settings(self.settings)
+        return self._coordinator
+
+    @property
+    def redis(self) -> AsyncRedis:
+        if self._redis is None:
+            settings = self.settings
+            self._redis = connect_redis(settings.redis_url, cluster=settings.redis_cluster)
+        return self._redis
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Wire the container, enter the lifespan, run startup hooks, check publishers."""
+        if self._stack is not None:
+            return
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            stack.push_async_callback(self._close_clients)
+            self._wire_container(stack)
+            if self._lifespan is not None:
+                await stack.enter_async_context(self._lifespan(self))
+            for hook in self._startup:
+                await _call(hook)
+            for hook in self._shutdown:
+                stack.push_async_callback(_call, hook)
+            for publisher in self._publishers:
+                stack.push_async_callback(publisher.aclose)
+                await self._start_publisher(publisher)
+        except BaseException:
+            await stack.__aexit__(*sys.exc_info())
+            raise
+        self._stack = stack
+
+    async def close(self) -> None:
+        """Run shutdown hooks, exit the lifespan and release connections."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+        else:
+            await self._close_clients()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def shutdown(self, *, force: bool = False) -> None:
+        """Ask ``serve()`` to stop: members drain, ack and leave the group.
+
+        ``force`` cancels running handlers instead of waiting for them.
+        """
+        self._stop_requested = True
+        self._force_requested = self._force_requested or force
+        if self._stop is not None:
+            self._stop.set()
+        if force:
+            for member in self._members:
+                member.force_stop()
+
+    async def serve(self) -> None:
+        """Run every listener until ``shutdown()`` (or cancellation)."""
+        self._stop = anyio.Event()
+        if self._stop_requested:
+            self._stop.set()
+        await self.start()
+        try:
+            await self._check_groups()
+            xackdel = await self._detect_xackdel()
+            self._members = self._build_members(xackdel)
+            log.info(
+                "streamkit serving %d listener(s) with %d member(s)",
+                len(self._listeners), len(self._members),
+            )
+            await _unwrapped(self._supervise(self._members, self._stop))
+        finally:
+            self._members = []
+            with anyio.CancelScope(shield=True):
+                await self.close()
+
+    # -- internals ---------------------------------------------------------------------
+
+    async def _supervise(self, members: list[MemberRuntime], stop: anyio.Event) -> None:
+        async with anyio.create_task_group() as tg:
+            finished = [anyio.Event() for _ in members]
+            for member, done in zip(members, finished, strict=True):
+                name = f"streamkit-member-{member.member_id}"
+                tg.start_soon(_run_member, member, done, name=name)
+            await stop.wait()
+            log.info("shutting down: draining %d member(s)", len(members))
+            for member in members:
+                member.request_stop()
+            with anyio.move_on_after(self.shutdown_timeout):
+                for done in finished:
+                    await done.wait()
+                return
+            log.warning("members did not drain within %.1fs; cancelling handlers",
+                        self.shutdown_timeout)
+            for member in members:
+                member.force_stop()
+
+    def _build_members(self, xackdel: bool) -> list[MemberRuntime]:
+        settings = self.settings
+        name = f"{socket.gethostname()}/{os.getpid()}"
+        members: list[MemberRuntime] = []
+        for listener in self._listeners:
+            handler = listener.async_handler()
+            factory = (
+                None
+                if handler is None
+                else functools.partial(self._make_poller, listener, handler, xackdel)
+            )
+            for member_id in listener.member_ids(settings.member_id_base):
+                members.append(
+                    MemberRuntime(
+                        member_id,
+                        stream_prefix=listener.stream_prefix,
+                        consumer_group=listener.consumer_group,
+                        coordinator=self.coordinator,
+                        redis=self.redis,
+                        poller=factory,
+                        hooks=listener.lifecycle,
+                        lease_ms=settings.assignment_lease_ms,
+                        member_name=name,
+                        coordinator_url=settings.coordinator_url,
+                        request_timeout_s=settings.coordinator_timeout,
+                    )
+                )
+        return members
+
+    def _make_poller(
+        self, listener: Listener, handler: Handler, xackdel: bool, machine: MemberStateMachine
+    ) -> ShardPoller:
+        return ShardPoller(
+            machine,
+            self.redis,
+            stream_prefix=listener.stream_prefix,
+            consumer_group=listener.consumer_group,
+            handler=handler,
+            options=listener.options,
+            xackdel=xackdel,
+            observer=self.read_observer,
+        )
+
+    async def _check_groups(self) -> None:
+        """Fail at once for a group the coordinator does not know."""
+        for listener in self._listeners:
+            prefix, group = listener.key
+            try:
+                await self.coordinator.get_group(prefix, group)
+            except CoordinatorError as exc:
+                if exc.status_code == 404:
+                    raise GroupNotFoundError(prefix, group, self.settings.coordinator_url) from None
+                # Without the READ role the first heartbeat does the check
+                # (a 404 before the first answer is fatal there too).
+                log.debug("cannot look up %s/%s before joining: %s", prefix, group, exc)
+            except CoordinatorUnavailable as exc:
+                log.warning("coordinator unreachable at start-up (%s); members keep retrying", exc)
+                return
+
+    async def _detect_xackdel(self) -> bool:
+        if not any(listener.handler is not None for listener in self._listeners):
+            return False
+        try:
+            native = await supports_xackdel(self.redis)
+        except Exception as exc:  # Redis down at start-up: readers retry anyway
+            log.warning("could not probe Redis for XACKDEL (%r); using XACK+XDEL", exc)
+            return False
+        log.debug("ack_del uses %s", "XACKDEL" if native else "MULTI XACK+XDEL")
+        return native
+
+    async def _start_publisher(self, publisher: Publisher) -> None:
+        try:
+            await publisher.start()
+        except ShardStreamsMissing:
+            raise
+        except PublisherStartupError as exc:
+            if isinstance(exc.__cause__, CoordinatorUnavailable):
+                log.warning("%s; it will retry on first publish", exc)
+                return
+            raise
+
+    def _wire_container(self, stack: AsyncExitStack) -> None:
+        modules: dict[str, ModuleType | str] = {}
+        for item in self._wire:
+            modules[item if isinstance(item, str) else item.__name__] = item
+        for listener in self._listeners:
+            for obj in (listener.handler, listener.lifecycle):
+                module = getattr(obj, "__module__", None)
+                if module is None and obj is not None:
+                    module = type(obj).__module__
+                if module and module in sys.modules:
+                    modules.setdefault(module, sys.modules[module])
+        if not modules:
+            return
+        container = self.container
+        container.wire(modules=list(modules.values()))
+        stack.callback(container.unwire)
+
+    async def _close_clients(self) -> None:
+        if self._owns_coordinator and self._coordinator is not None:
+            await self._coordinator.aclose()
+            self._coordinator = None
+        if self._owns_redis and self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+
+async def _placeholder(message: object) -> None:  # pragma: no cover - never called
+    return None
+
+
+async def _call(hook: Hook) -> None:
+    result = hook()
+    if inspect.isawaitable(result):
+        await result
+
+
+async def _run_member(member: MemberRuntime, done: anyio.Event) -> None:
+    try:
+        await member.run()
+    finally:
+        done.set()
+
+
+async def _unwrapped(work: Awaitable[None]) -> None:
+    """Surface a streamkit error from inside a task group as itself.
+
+    ``GroupNotFoundError`` is clearer than an ``ExceptionGroup`` holding it.
+    """
+    try:
+        await work
+    except BaseExceptionGroup as group:
+        for leaf in _leaves(group):
+            if isinstance(leaf, StreamkitError):
+                raise leaf from group
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterable[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
+

@@ -1,0 +1,388 @@
+"""The member runtime: one coordinator member's heartbeat loop and its reactions.
+
+``MemberStateMachine`` (``streamkit.member``) makes every protocol decision;
+this module only does the I/O around it:
+
+* heartbeat every ``heartbeatIntervalMs`` (from the last answer), calling
+  ``next_request`` right before sending so the lease is counted from the send;
+* turn the machine's reactions into calls on the reader (the built-in
+  ``ShardPoller``) and the user's ``ShardLifecycle`` hooks, running them as
+  tasks so a slow hook never delays a heartbeat; operations on one shard run
+  strictly one after another (assign, then revoke, then assign again);
+* report ``REVOKED`` promptly: a finished drain wakes the heartbeat loop;
+* retry with jittered exponential backoff while the coordinator is down, but
+  never less often than once per interval while the lease is still valid;
+* on shutdown: stop reading, drain, then leave with epoch -1, so the
+  coordinator can hand the shards over at once instead of waiting for a lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from streamkit.connections import AsyncRedis
+from streamkit.coordinator_client import (
+    CoordinatorClient,
+    CoordinatorError,
+    CoordinatorUnavailable,
+)
+from streamkit.errors import StreamkitError
+from streamkit.lifecycle import ShardContext, ShardLifecycle, monotonic_ms
+from streamkit.member import MemberStateMachine, Reaction, ReactionKind
+from streamkit.poller import ShardPoller
+from streamkit.protocol import HeartbeatRequest, HeartbeatResponse
+
+__all__ = ["GroupNotFoundError", "MemberRejectedError", "MemberRuntime"]
+
+log = logging.getLogger("streamkit.consumer")
+
+_RETRY_BASE_MS = 100
+_RETRY_CAP_MS = 5_000
+_LEAVE_ATTEMPTS = 3
+
+PollerFactory = Callable[[MemberStateMachine], ShardPoller]
+
+
+class GroupNotFoundError(StreamkitError):
+    """The coordinator does not know the stream prefix / consumer group."""
+
+    def __init__(self, stream_prefix: str, consumer_group: str, coordinator_url: str) -> None:
+        super().__init__(
+            f"the coordinator at {coordinator_url} has no consumer group {consumer_group!r} "
+            f"on stream {stream_prefix!r}; create it first (POST /coord/v1/streams/"
+            f"{stream_prefix}/groups/{consumer_group}) - members never create groups"
+        )
+        self.stream_prefix = stream_prefix
+        self.consumer_group = consumer_group
+
+
+class MemberRejectedError(StreamkitError):
+    """The coordinator refused this member's heartbeats before it ever joined."""
+
+
+class MemberRuntime:
+    """One logical coordinator member: heartbeats, ownership, reader, hooks."""
+
+    def __init__(
+        self,
+        member_id: str,
+        *,
+        stream_prefix: str,
+        consumer_group: str,
+        coordinator: CoordinatorClient,
+        redis: AsyncRedis,
+        poller: PollerFactory | None = None,
+        hooks: ShardLifecycle | None = None,
+        lease_ms: int | None = None,
+        member_name: str | None = None,
+        coordinator_url: str = "",
+        request_timeout_s: float = 5.0,
+    ) -> None:
+        self.machine = MemberStateMachine(member_id, member_name=member_name, lease_ms=lease_ms)
+        self.stream_prefix = stream_prefix
+        self.consumer_group = consumer_group
+        self.context = ShardContext(
+            self.machine, stream_prefix=stream_prefix, consumer_group=consumer_group, redis=redis
+        )
+        self.poller = poller(self.machine) if poller is not None else None
+        self._hooks = hooks
+        self._client = coordinator
+        self._coordinator_url = coordinator_url
+        self._request_timeout_s = request_timeout_s
+        self._tg: TaskGroup | None = None
+        self._wake = anyio.Event()
+        self._stop_requested = False
+        self._stop_begun = False
+        self._forced = False
+        self._answered_once = False
+        # Per shard, the completion event of the last operation queued for it.
+        self._tails: dict[int, anyio.Event] = {}
+        self._ops: dict[anyio.CancelScope, frozenset[int]] = {}
+        #: Set once the coordinator answered a join (tests, readiness probes).
+        self.joined = anyio.Event()
+
+    @property
+    def member_id(self) -> str:
+        return self.machine.member_id
+
+    # -- control -------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Begin the graceful shutdown: drain, then leave."""
+        self._stop_requested = True
+        self._wake.set()
+
+    def force_stop(self) -> None:
+        """Give up on draining: cancel handlers and hooks, then leave at once.
+
+        Safe to leave right away because nothing of ours runs any more.
+        """
+        self._stop_requested = True
+        self._forced = True
+        for scope in list(self._ops):
+            scope.cancel()
+        if self.poller is not None:
+            self.poller.close()
+        self._wake.set()
+
+    # -- main task -------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            if self.poller is not None:
+                await tg.start(self.poller.run)
+            task_status.started()
+            try:
+                await self._heartbeat_loop()
+            finally:
+                if self.poller is not None:
+                    self.poller.close()
+                tg.cancel_scope.cancel()
+
+    async def _heartbeat_loop(self) -> None:
+        machine = self.machine
+        failures = 0
+        while True:
+            if self._stop_requested:
+                if not self._stop_begun:
+                    self._stop_begun = True
+                    log.info("%s: stopping; draining %s", self.member_id, sorted(machine.reading))
+                    stopped = machine.stop()
+                    if stopped:
+                        self._begin_drain(stopped)
+                if self._forced or not (machine.reading or machine.draining):
+                    await self._leave()
+                    return
+            request = machine.next_request(
+                monotonic_ms(),
+                in_flight=self.poller.in_flight() if self.poller else None,
+                capacity=self.poller.capacity() if self.poller else None,
+                progress=self.poller.progress() if self.poller else None,
+            )
+            try:
+                response = await self._send(request, self._request_timeout_ms())
+            except (CoordinatorUnavailable, TimeoutError) as exc:
+                machine.request_failed()
+                failures += 1
+                self._log_failure(exc, failures)
+                delay_ms = self._retry_delay_ms(failures)
+            except CoordinatorError as exc:
+                machine.request_failed()
+                if not self._answered_once and exc.status_code in (401, 403, 404):
+                    raise self._fatal(exc) from exc
+                failures += 1
+                self._log_failure(exc, failures)
+                delay_ms = self._retry_delay_ms(failures)
+            else:
+                if failures:
+                    log.info("%s: coordinator reachable again after %d failures",
+                             self.member_id, failures)
+                failures = 0
+                delay_ms = await self._on_response(response)
+            await self._sleep(delay_ms)
+
+    async def _send(self, request: HeartbeatRequest, timeout_ms: int) -> HeartbeatResponse:
+        with anyio.fail_after(timeout_ms / 1000):
+            return await self._client.heartbeat(self.stream_prefix, self.consumer_group, request)
+
+    async def _on_response(self, response: HeartbeatResponse) -> int:
+        """Apply an answer; returns how long to wait before the next heartbeat."""
+        machine = self.machine
+        first = not self._answered_once
+        self._answered_once = True
+        reactions = machine.on_response(response)
+        delay_ms = machine.heartbeat_interval_ms
+        for reaction in reactions:
+            if reaction.kind is ReactionKind.START:
+                log.info("%s: assigned shards %s (epoch %d)", self.member_id,
+                         sorted(reaction.shards), machine.epoch)
+                self._spawn(reaction.shards, self._assign)
+            elif reaction.kind is ReactionKind.DRAIN:
+                log.info("%s: revoking shards %s (%s)", self.member_id, sorted(reaction.shards),
+                         reaction.status)
+                self._begin_drain(reaction.shards)
+            elif reaction.kind is ReactionKind.LOST:
+                await self._lose(reaction)
+                delay_ms = 0  # rejoin (epoch 0, empty ownership) right away
+            else:
+                self._reject(reaction, first)
+                delay_ms = self._retry_delay_ms(1)
+        if machine.epoch > 0:
+            self.joined.set()
+        if self.poller is not None:
+            self.poller.notify()
+        return delay_ms
+
+    def _reject(self, reaction: Reaction, first: bool) -> None:
+        message = (
+            f"coordinator rejected member {self.member_id} of "
+            f"{self.stream_prefix}/{self.consumer_group}: {reaction.status}"
+        )
+        if first:
+            raise MemberRejectedError(message)
+        log.error("%s; retrying", message)
+
+    def _fatal(self, exc: CoordinatorError) -> StreamkitError:
+        if exc.status_code == 404:
+            return GroupNotFoundError(
+                self.stream_prefix, self.consumer_group, self._coordinator_url
+            )
+        return MemberRejectedError(
+            f"member {self.member_id} may not heartbeat on {self.stream_prefix}/"
+            f"{self.consumer_group}: {exc} (check STREAMKIT_COORDINATOR_USERNAME/_PASSWORD/"
+            "_TOKEN and the MEMBER role)"
+        )
+
+    # -- shard operations ------------------------------------------------------
+
+    def _spawn(
+        self, shards: frozenset[int], operation: Callable[[frozenset[int]], Awaitable[None]]
+    ) -> None:
+        """Run ``operation(shards)`` after every earlier operation on those shards."""
+        assert self._tg is not None
+        previous = {self._tails[s] for s in shards if s in self._tails}
+        done = anyio.Event()
+        for shard in shards:
+            self._tails[shard] = done
+        scope = anyio.CancelScope()
+        self._ops[scope] = shards
+        self._tg.start_soon(self._run_op, scope, previous, done, operation, shards)
+
+    async def _run_op(
+        self,
+        scope: anyio.CancelScope,
+        previous: set[anyio.Event],
+        done: anyio.Event,
+        operation: Callable[[frozenset[int]], Awaitable[None]],
+        shards: frozenset[int],
+    ) -> None:
+        try:
+            with scope:
+                for event in previous:
+                    await event.wait()
+                await operation(shards)
+        finally:
+            self._ops.pop(scope, None)
+            done.set()
+            for shard in shards:
+                if self._tails.get(shard) is done:
+                    del self._tails[shard]
+
+    async def _assign(self, shards: frozenset[int]) -> None:
+        if self._hooks is not None:
+            await self._call_hook("on_assigned", self._hooks.on_assigned, shards)
+        if self.poller is not None:
+            # A revoke or loss may have come in meanwhile; may_read guards
+            # reads anyway, this just avoids starting a loop for nothing.
+            still = shards & self.machine.reading
+            if still:
+                self.poller.start(frozenset(still))
+
+    def _begin_drain(self, shards: frozenset[int]) -> None:
+        if self.poller is not None:
+            self.poller.halt(shards)  # no new read from this instant on
+        self._spawn(shards, self._revoke)
+
+    async def _revoke(self, shards: frozenset[int]) -> None:
+        if self.poller is not None:
+            await self.poller.drain(shards)
+        if self._hooks is not None:
+            await self._call_hook("on_revoked", self._hooks.on_revoked, shards)
+        for shard in shards:
+            self.machine.drained(shard)
+        log.info("%s: drained shards %s", self.member_id, sorted(shards))
+        self._wake.set()  # report REVOKED now, not one interval later
+
+    async def _lose(self, reaction: Reaction) -> None:
+        log.warning(
+            "%s: %s; stopping shards %s and rejoining with epoch 0",
+            self.member_id, reaction.status, sorted(reaction.shards),
+        )
+        # Everything this member did is void: stop hooks still draining or
+        # assigning (a stuck on_revoked is the usual reason for a fence).
+        for scope in list(self._ops):
+            scope.cancel()
+        self._tails.clear()
+        if self.poller is not None:
+            self.poller.abort_all()
+        if self._hooks is not None:
+            await self._call_hook("on_lost", self._hooks.on_lost, reaction.shards)
+
+    async def _call_hook(
+        self,
+        name: str,
+        hook: Callable[[frozenset[int], ShardContext], Awaitable[None]],
+        shards: frozenset[int],
+    ) -> None:
+        try:
+            await hook(shards, self.context)
+        except Exception:
+            log.exception("%s: %s(%s) failed", self.member_id, name, sorted(shards))
+
+    # -- leaving ------------------------------------------------------------------
+
+    async def _leave(self) -> None:
+        if not self._answered_once and self.machine.epoch == 0:
+            return  # never joined: nothing to leave
+        for attempt in range(1, _LEAVE_ATTEMPTS + 1):
+            request = self.machine.leave_request(monotonic_ms())
+            try:
+                response = await self._send(request, self._request_timeout_ms())
+            except (CoordinatorUnavailable, CoordinatorError, TimeoutError) as exc:
+                self.machine.request_failed()
+                if attempt == _LEAVE_ATTEMPTS:
+                    log.warning(
+                        "%s: could not leave (%r); the coordinator will expire the member "
+                        "after its lease", self.member_id, exc,
+                    )
+                    return
+                await anyio.sleep(self._retry_delay_ms(attempt) / 1000)
+                continue
+            self.machine.on_response(response)
+            log.info("%s: left the group", self.member_id)
+            return
+
+    # -- timing ---------------------------------------------------------------------
+
+    def _request_timeout_ms(self) -> int:
+        """A heartbeat may take as long as the lease has left, but at least an
+        interval: a hung coordinator must not keep us from trying again."""
+        interval = self.machine.heartbeat_interval_ms
+        until = self.machine.lease_until_ms
+        remaining = 0 if until is None else until - monotonic_ms()
+        return int(min(self._request_timeout_s * 1000, max(interval, remaining)))
+
+    def _retry_delay_ms(self, failures: int) -> int:
+        interval = self.machine.heartbeat_interval_ms
+        cap = max(interval, min(_RETRY_CAP_MS, 10 * interval))
+        backoff = min(cap, _RETRY_BASE_MS * 2 ** min(failures - 1, 16))
+        if self.machine.lease_valid(monotonic_ms()):
+            # Keep the lease alive: at least one attempt per interval.
+            backoff = min(backoff, interval)
+        return int(backoff / 2 + random.uniform(0, backoff / 2))
+
+    async def _sleep(self, delay_ms: int) -> None:
+        if delay_ms > 0 and not self._wake.is_set():
+            with anyio.move_on_after(delay_ms / 1000):
+                await self._wake.wait()
+        if self._wake.is_set():
+            self._wake = anyio.Event()
+
+    def _log_failure(self, exc: BaseException, failures: int) -> None:
+        if failures == 1 or failures % 10 == 0:
+            lease = "valid" if self.machine.lease_valid(monotonic_ms()) else "expired"
+            log.warning("%s: heartbeat failed (%d in a row, lease %s): %s",
+                        self.member_id, failures, lease, exc or repr(exc))
+
+    def __repr__(self) -> str:
+        return (
+            f"<MemberRuntime {self.member_id} epoch={self.machine.epoch} "
+            f"reading={sorted(self.machine.reading)} draining={sorted(self.machine.draining)}>"
+        )
+

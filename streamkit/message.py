@@ -1,0 +1,159 @@
+"""The message a stream listener's handler receives."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Generator
+from enum import Enum
+from typing import Any, Protocol
+
+__all__ = ["Message", "Settlement"]
+
+
+class Settlement(Enum):
+    ACK = "ack"
+    ACK_DEL = "ack_del"
+    NACK = "nack"
+
+
+class SettlementSink(Protocol):
+    """Where a message's ack/nack goes: the shard session that read it."""
+
+    stream_key: str
+    consumer_group: str
+    member_id: str
+
+    def settle(self, message_id: bytes, how: Settlement) -> None: ...
+
+
+class _Done:
+    """An awaitable that is already finished.
+
+    ``ack()`` does its work when it is *called* (it queues the id for the
+    next batched XACK), so a sync handler running in a worker thread can call
+    ``msg.ack()`` without an event loop, and an async handler may still write
+    ``await msg.ack()``.  A coroutine would do nothing until awaited and warn
+    when it is not.
+    """
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # pragma: no cover - makes this a generator
+
+
+_DONE = _Done()
+
+
+class Message:
+    """One stream entry, delivered to exactly one handler call at a time.
+
+    Settle it with ``ack()``, ``ack_del()`` or ``nack()`` (the first call
+    wins; later ones are ignored).  Unsettled messages stay pending in the
+    consumer group and are delivered again after a rebalance or restart
+    (at-least-once), so handlers must be idempotent.
+    """
+
+    __slots__ = ("_fields", "_raw_fields", "_raw_id", "_settled", "_sink", "redelivered", "shard")
+
+    def __init__(
+        self,
+        sink: SettlementSink,
+        shard: int,
+        raw_id: bytes,
+        raw_fields: dict[bytes, bytes],
+        *,
+        redelivered: bool = False,
+    ) -> None:
+        self._sink = sink
+        self.shard = shard
+        self._raw_id = raw_id
+        self._raw_fields = raw_fields
+        self._fields: dict[str, str] | None = None
+        self._settled: Settlement | None = None
+        #: True when the entry was claimed from the group's pending list (a
+        #: previous delivery, possibly to another member, may have run).
+        self.redelivered = redelivered
+
+    # -- data ----------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The stream entry id, e.g. ``"1700000000000-0"``."""
+        return self._raw_id.decode()
+
+    @property
+    def raw_id(self) -> bytes:
+        return self._raw_id
+
+    @property
+    def raw_fields(self) -> dict[bytes, bytes]:
+        """The entry's fields exactly as Redis returned them."""
+        return self._raw_fields
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """The fields decoded as UTF-8 (decoded once, on first access).
+
+        Raises ``UnicodeDecodeError`` for binary values: use ``raw_fields``.
+        """
+        if self._fields is None:
+            self._fields = {k.decode(): v.decode() for k, v in self._raw_fields.items()}
+        return self._fields
+
+    @property
+    def stream_key(self) -> str:
+        return self._sink.stream_key
+
+    @property
+    def consumer_group(self) -> str:
+        return self._sink.consumer_group
+
+    @property
+    def member_id(self) -> str:
+        """The member (and Redis consumer) that read this message."""
+        return self._sink.member_id
+
+    @property
+    def settled(self) -> Settlement | None:
+        return self._settled
+
+    # -- settlement -----------------------------------------------------------
+
+    def ack(self) -> Awaitable[None]:
+        """Acknowledge (``XACK``): the entry leaves the pending list.
+
+        Takes effect when called: the id joins the shard's ack batch, which is
+        sent after the current read batch is handled and before the shard is
+        reported revoked.  A crash before that send means redelivery, which
+        at-least-once allows.  Awaiting the result is optional.
+        """
+        return self._settle(Settlement.ACK)
+
+    def ack_del(self) -> Awaitable[None]:
+        """Acknowledge and delete the entry from the stream.
+
+        ``XACKDEL`` where the server has it (Redis 8.2+); on older servers an
+        ``XACK`` + ``XDEL`` in one ``MULTI`` on the shard key (a single slot, so
+        it is valid in Redis Cluster too).
+        """
+        return self._settle(Settlement.ACK_DEL)
+
+    def nack(self) -> Awaitable[None]:
+        """Give the message back: it stays pending and is delivered again.
+
+        Redis has no NACK; streamkit re-reads this member's own pending entries
+        of the shard before new ones, after the current batch.  There is no
+        delay and no redelivery limit: for poison messages ack and dead-letter
+        them yourself.
+        """
+        return self._settle(Settlement.NACK)
+
+    def _settle(self, how: Settlement) -> Awaitable[None]:
+        if self._settled is None:
+            self._settled = how
+            self._sink.settle(self._raw_id, how)
+        return _DONE
+
+    def __repr__(self) -> str:
+        return f"<Message {self.stream_key} {self.id} member={self.member_id}>"

@@ -1,0 +1,264 @@
+"""Run a real coordinator (``python -m streamkit_server``) as a subprocess.
+
+Used by the server tests, the client tests and ``streamkit demo``: the
+coordinator is started exactly as in production, on a free loopback port,
+talking to the given Redis, and is torn down by PID only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import httpx
+
+from streamkit.testing.redis_server import HOST, _die_with_parent_hook, free_port
+
+__all__ = ["CoordinatorError", "CoordinatorProcess"]
+
+_STARTUP_ATTEMPTS = 3
+
+
+class CoordinatorError(RuntimeError):
+    """The coordinator process could not be started or did not become healthy."""
+
+
+_live: set[CoordinatorProcess] = set()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    with _live_lock:
+        leftovers = list(_live)
+    for proc in leftovers:
+        with contextlib.suppress(Exception):
+            proc.kill()
+
+
+class CoordinatorProcess:
+    """One coordinator process; ``start()`` blocks until it answers ``/healthz``.
+
+    Timings default to short, test-friendly values; pass ``None`` to use the
+    server's own defaults.  ``env`` adds or overrides ``STREAMKIT_SERVER_*``.
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        cluster: bool = False,
+        admin_username: str = "admin",
+        admin_password: str = "streamkit-test-password",
+        token_secret: str | None = "streamkit-test-token-secret",
+        heartbeat_interval_ms: int | None = 200,
+        member_lease_ttl_ms: int | None = 1_500,
+        rebalance_timeout_ms: int | None = 3_000,
+        tick_interval_ms: int | None = 100,
+        shutdown_grace_ms: int | None = 0,
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
+        startup_timeout: float = 30.0,
+    ) -> None:
+        self.redis_url = redis_url
+        self.cluster = cluster
+        self.admin_username = admin_username
+        self.admin_password = admin_password
+        self._fixed_port = port is not None
+        self._port = port if port is not None else free_port()
+        self._startup_timeout = startup_timeout
+        settings: dict[str, str | int | None] = {
+            "REDIS_URL": redis_url,
+            "REDIS_CLUSTER": "true" if cluster else "false",
+            "ADMIN_USERNAME": admin_username,
+            "ADMIN_PASSWORD": admin_password,
+            "TOKEN_SECRET": token_secret,
+            "HEARTBEAT_INTERVAL_MS": heartbeat_interval_ms,
+            "MEMBER_LEASE_TTL_MS": member_lease_ttl_ms,
+            "REBALANCE_TIMEOUT_MS": rebalance_timeout_ms,
+            "TICK_INTERVAL_MS": tick_interval_ms,
+            "SHUTDOWN_GRACE_MS": shutdown_grace_ms,
+            "HOST": HOST,
+        }
+        self._env = {f"STREAMKIT_SERVER_{k}": str(v) for k, v in settings.items() if v is not None}
+        self._env.update(env or {})
+        self._dir = Path(tempfile.mkdtemp(prefix="streamkit-coordinator-"))
+        self._log_offset = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # -- properties ----------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self._port}"
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def admin_auth(self) -> tuple[str, str]:
+        """``(username, password)``, ready for ``httpx``'s ``auth=``."""
+        return (self.admin_username, self.admin_password)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def log_path(self) -> Path:
+        return self._dir / "coordinator.log"
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def logs(self, lines: int = 60) -> str:
+        """Tail of what the current launch printed."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_offset)
+                text = fh.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self) -> Self:
+        if self.is_running():
+            raise CoordinatorError(f"coordinator on port {self._port} is already running")
+        with _live_lock:
+            _live.add(self)
+        for attempt in range(_STARTUP_ATTEMPTS):
+            try:
+                self._launch_and_wait()
+                return self
+            except _PortTakenError:
+                if self._fixed_port or attempt == _STARTUP_ATTEMPTS - 1:
+                    raise
+                self._port = free_port()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM and wait (graceful shutdown); returns the exit status."""
+        code = self._terminate(signal.SIGTERM, timeout)
+        with _live_lock:
+            _live.discard(self)
+        return code
+
+    def kill(self) -> int | None:
+        """SIGKILL, to simulate a crash (no shutdown sequence runs)."""
+        return self._terminate(signal.SIGKILL, 10.0)
+
+    def restart(self) -> Self:
+        """Stop (gracefully) if running, then start again on the same port."""
+        self.stop()
+        self._fixed_port = True
+        return self.start()
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` without waiting (e.g. SIGTERM while requests are in flight)."""
+        if self._proc is not None:
+            self._proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the process to exit; returns its status."""
+        if self._proc is None:
+            raise CoordinatorError("coordinator was never started")
+        return self._proc.wait(timeout)
+
+    def cleanup(self) -> None:
+        """Stop and delete the log directory."""
+        self.stop()
+        with contextlib.suppress(OSError):
+            for path in self._dir.iterdir():
+                path.unlink()
+            self._dir.rmdir()
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _launch_and_wait(self) -> None:
+        env = dict(os.environ)
+        env.update(self._env)
+        env["STREAMKIT_SERVER_PORT"] = str(self._port)
+        env["PYTHONUNBUFFERED"] = "1"
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "streamkit_server"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent_hook(),
+            )
+        deadline = time.monotonic() + self._startup_timeout
+        with httpx.Client(timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                code = self._proc.poll()
+                if code is not None:
+                    self._proc = None
+                    logs = self.logs()
+                    if "address already in use" in logs.lower():
+                        raise _PortTakenError(f"port {self._port} taken:\n{logs}")
+                    raise CoordinatorError(
+                        f"coordinator exited with status {code} during start-up:\n{logs}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.url}/healthz").status_code == 200:
+                        return
+                time.sleep(0.05)
+        self._terminate(signal.SIGKILL, 5.0)
+        raise CoordinatorError(
+            f"coordinator did not become healthy within {self._startup_timeout:.0f}s:\n"
+            f"{self.logs()}"
+        )
+
+    def _terminate(self, sig: int, timeout: float) -> int | None:
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._proc = None
+        return proc.returncode
+
+    # -- context manager -------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        if not self.is_running():
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
+
+    def __repr__(self) -> str:
+        state = "running" if self.is_running() else "stopped"
+        return f"<CoordinatorProcess {self.url} pid={self.pid} {state}>"
+
+
+class _PortTakenError(CoordinatorError):
+    pass

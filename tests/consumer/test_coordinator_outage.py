@@ -1,0 +1,105 @@
+"""The coordinator dies while members run: they read on within their lease,
+stop when it runs out, and resume once a coordinator is back; nothing is lost."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import pytest
+
+from streamkit import Message, StreamKit
+from streamkit.testing import RedisTarget, free_port
+
+from .support import (
+    Admin,
+    MemoryRecorder,
+    all_acked,
+    eventually,
+    in_process_settings,
+    overlapping_reads,
+    serving,
+    settled_ownership,
+)
+
+pytestmark = pytest.mark.slow
+
+SHARDS = 4
+HEARTBEAT_MS = 200
+LOCAL_LEASE_MS = 2 * HEARTBEAT_MS  # the member's default assignment lease
+SLACK_NS = 100_000_000
+
+
+async def test_members_ride_out_a_coordinator_outage(
+    any_redis: RedisTarget, coordinator_factory: Any, redis: Any, names: tuple[str, str]
+) -> None:
+    prefix, group = names
+    coordinator = coordinator_factory(any_redis, port=free_port())
+    admin = Admin(coordinator)
+    await admin.create_group(prefix, group, SHARDS)
+    recorder = MemoryRecorder()
+    app = StreamKit(read_observer=recorder, **in_process_settings(coordinator, any_redis, "steady"))
+    handled: set[str] = set()
+    published: set[str] = set()
+
+    @app.stream_listener(stream_prefix=prefix, group=group, concurrency=2, batch_size=20)
+    async def handle(msg: Message) -> None:
+        handled.add(f"{msg.stream_key}/{msg.id}")
+        await msg.ack()
+
+    async def produce(stop: anyio.Event) -> None:
+        i = 0
+        while not stop.is_set():
+            key = f"{prefix}:{i % SHARDS}"
+            published.add(f"{key}/{(await redis.xadd(key, {'n': str(i)})).decode()}")
+            i += 1
+            await anyio.sleep(0.005)
+
+    members = ["steady-m0", "steady-m1"]
+    with anyio.fail_after(60):
+        async with serving(app), anyio.create_task_group() as tg:
+            await eventually(
+                lambda: _settled(admin, prefix, group, members), 15, "shards spread"
+            )
+            stop = anyio.Event()
+            tg.start_soon(produce, stop)
+            await anyio.sleep(0.5)
+
+            await anyio.to_thread.run_sync(coordinator.kill)
+            killed_ns = time.monotonic_ns()
+            # Past the local lease and past the coordinator's member lease TTL.
+            await anyio.sleep(2.5)
+            assert not any(m.machine.lease_valid(_now_ms()) for m in app.members)
+            restarted_ns = time.monotonic_ns()
+            await anyio.to_thread.run_sync(coordinator.start)
+
+            await eventually(
+                lambda: _settled(admin, prefix, group, members), 15, "shards back after restart"
+            )
+            await anyio.sleep(0.5)
+            stop.set()
+            await eventually(lambda: all_acked(redis, prefix, group, SHARDS), 10, "all acked")
+
+    reads = recorder.all_reads()
+    during_outage = [r for r in reads if killed_ns < r.start_ns < restarted_ns]
+    assert during_outage, "members stopped reading at once instead of using their lease"
+    for read in reads:
+        if read.start_ns < restarted_ns:
+            # Nothing read past the lease of the last heartbeat before the kill.
+            assert read.end_ns <= killed_ns + LOCAL_LEASE_MS * 1_000_000 + SLACK_NS, read
+    assert any(r.start_ns > restarted_ns for r in reads), "reading never resumed"
+    assert not overlapping_reads(reads)
+    assert published <= handled, len(published - handled)
+
+
+async def _settled(admin: Admin, prefix: str, group: str, members: list[str]) -> bool:
+    try:
+        return settled_ownership(await admin.owners(prefix, group), members, SHARDS)
+    except Exception:
+        return False
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+

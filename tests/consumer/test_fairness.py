@@ -1,0 +1,61 @@
+"""Fair polling: one member owning 8 backlogged shards serves them all alike."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import anyio
+import pytest
+
+from streamkit import Message, StreamKit
+from streamkit.testing import RedisTarget
+from streamkit.testing.coordinator import CoordinatorProcess
+
+from .support import Admin, MemoryRecorder, eventually, in_process_settings, serving
+
+SHARDS = 8
+BACKLOG = 1_000
+
+
+@pytest.mark.parametrize(
+    "max_in_flight",
+    [10, 80],
+    ids=["tokens-for-one-batch", "tokens-for-all-shards"],
+)
+async def test_backlogged_shards_get_equal_turns(
+    coordinator: CoordinatorProcess,
+    any_redis: RedisTarget,
+    admin: Admin,
+    redis: Any,
+    names: tuple[str, str],
+    max_in_flight: int,
+) -> None:
+    prefix, group = names
+    await admin.create_group(prefix, group, SHARDS)
+    for shard in range(SHARDS):
+        pipe = redis.pipeline(transaction=False)
+        for i in range(BACKLOG):
+            pipe.xadd(f"{prefix}:{shard}", {"n": str(i)})
+        await pipe.execute()
+
+    delivered: Counter[int] = Counter()
+    app = StreamKit(read_observer=MemoryRecorder(), **in_process_settings(coordinator, any_redis, "fair"))
+
+    @app.stream_listener(
+        stream_prefix=prefix, group=group, batch_size=10, max_in_flight=max_in_flight
+    )
+    async def handle(msg: Message) -> None:
+        delivered[msg.shard] += 1
+        await anyio.sleep(0.001)  # slow enough that the backlog outlives the run
+        await msg.ack()
+
+    with anyio.fail_after(30):
+        async with serving(app):
+            await eventually(lambda: sum(delivered.values()) > 0, 10, "first delivery")
+            delivered.clear()
+            await anyio.sleep(1.0)
+            counts = [delivered[shard] for shard in range(SHARDS)]
+    assert sum(counts) < SHARDS * BACKLOG, "the backlog ran out: the run proves nothing"
+    assert min(counts) > 0, counts
+    assert max(counts) < 2 * min(counts), counts
