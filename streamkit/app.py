@@ -262,7 +262,10 @@ class StreamKit:
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
+            # Exit order: shutdown hooks, lifespan, publishers, clients; so
+            # hooks and the lifespan may still publish.
             stack.push_async_callback(self._close_clients)
+            stack.push_async_callback(self._close_publishers)
             self._wire_container(stack)
             if self._lifespan is not None:
                 await stack.enter_async_context(self._lifespan(self))
@@ -271,7 +274,6 @@ class StreamKit:
             for hook in self._shutdown:
                 stack.push_async_callback(_call, hook)
             for publisher in self._publishers:
-                stack.push_async_callback(publisher.aclose)
                 await self._start_publisher(publisher)
         except BaseException:
             await stack.__aexit__(*sys.exc_info())
@@ -449,6 +451,10 @@ class StreamKit:
         container = self.container
         container.wire(modules=list(modules.values()))
         stack.callback(container.unwire)
+
+    async def _close_publishers(self) -> None:
+        for publisher in self._publishers:
+            await publisher.aclose()
 
     async def _close_clients(self) -> None:
         if self._owns_coordinator and self._coordinator is not None:

@@ -121,10 +121,18 @@ def run(
 
 
 async def _serve(app: StreamKit) -> None:
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_forward_signals, app)
-        await app.serve()
-        tg.cancel_scope.cancel()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_forward_signals, app)
+            await app.serve()
+            tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # Report a start-up failure (unknown group, ...) as itself, not as a
+        # task group traceback.
+        matched, _ = group.split(StreamkitError)
+        if matched is not None:
+            raise matched.exceptions[0] from None
+        raise
 
 
 async def _forward_signals(app: StreamKit) -> None:

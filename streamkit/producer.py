@@ -77,7 +77,11 @@ log = logging.getLogger("streamkit.producer")
 
 PartitionKey: TypeAlias = str | bytes
 FieldValue: TypeAlias = str | bytes | int | float
-Fields: TypeAlias = Mapping[str | bytes, FieldValue]
+# Mapping is invariant in its key type: spell out the common key types so a
+# plain dict[str, str] type-checks.
+Fields: TypeAlias = (
+    Mapping[str, FieldValue] | Mapping[bytes, FieldValue] | Mapping[str | bytes, FieldValue]
+)
 
 _TRACER: Final = trace.get_tracer("streamkit")
 _EXACT_VALUE_TYPES: Final = frozenset({str, bytes, int, float})

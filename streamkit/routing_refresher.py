@@ -25,14 +25,19 @@ import logging
 from collections.abc import Callable
 
 import anyio
+import httpx
 
-from streamkit.coordinator_client import CoordinatorClient
+from streamkit.coordinator_client import CoordinatorClient, CoordinatorUnavailable
 from streamkit.errors import StreamkitError
+from streamkit.protocol import ProducerRoutingResponse
 from streamkit.routing_cache import RoutingCache, RoutingTable
 
 __all__ = ["RefreshFlight", "RefresherClosed", "RoutingRefresher"]
 
 log = logging.getLogger("streamkit.producer")
+
+# What a request on a connection the server has just closed fails with.
+_CLOSED_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
 class RefresherClosed(StreamkitError):
@@ -154,7 +159,7 @@ class RoutingRefresher:
         # at some point after that, never before.
         sent_at = self._clock()
         try:
-            answer = await self._coordinator.get_routing(self._prefix, self._group)
+            answer = await self._fetch()
             table = RoutingTable.from_wire(answer.to_wire(), sent_at)
         except Exception as exc:  # any failure keeps the cache; its lease decides
             flight.error = exc
@@ -193,3 +198,15 @@ class RoutingRefresher:
             flight.done.set()
             if self._on_finished is not None:
                 self._on_finished(flight)
+
+    async def _fetch(self) -> ProducerRoutingResponse:
+        try:
+            return await self._coordinator.get_routing(self._prefix, self._group)
+        except CoordinatorUnavailable as exc:
+            # The coordinator (uvicorn) closes keep-alive connections idle for
+            # 5 s, about our refresh interval: a request can race that close on
+            # a pooled connection. Those errors are immediate (not timeouts) and
+            # the GET is idempotent, so one retry on a fresh connection is safe.
+            if not isinstance(exc.__cause__, _CLOSED_CONNECTION):
+                raise
+            return await self._coordinator.get_routing(self._prefix, self._group)

@@ -15,7 +15,7 @@ lost or repeated heartbeat response harmless.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from streamkit.protocol import GroupState, MemberState, MigrationState
@@ -95,6 +95,14 @@ class MigrationRecord(_Aggregate):
     # Shards the layout change takes away: drained, then retired.
     removed_shards: list[int] = Field(default_factory=list)
     retired_shards: list[int] = Field(default_factory=list)
+    # The layouts the migration switches from and to, and the shards it
+    # creates for the new one.
+    previous_layout: list[int] = Field(default_factory=list)
+    new_layout: list[int] = Field(default_factory=list)
+    added_shards: list[int] = Field(default_factory=list)
+    # Ordered (per-key) mode: the added shards are not read before every
+    # removed shard is drained and retired.
+    ordered: bool = False
 
     @property
     def active(self) -> bool:
@@ -125,9 +133,16 @@ class GroupMetadata(_Aggregate):
     members: dict[str, MemberMetadata] = Field(default_factory=dict)
     target: dict[int, str] = Field(default_factory=dict)
     owners: dict[int, str] = Field(default_factory=dict)
-    # Shards outside range(shard_count) that still have to be drained after a
-    # scale-in; they stay assignable until retired.
+    # The physical shard behind each routing index: producers send partition
+    # key hash ``i`` to stream ``{stream_prefix}:{layout[i]}``.  The identity
+    # ``range(shard_count)`` unless an ordered reshard allocated fresh shards.
+    layout: list[int] = Field(default_factory=list)
+    # Shards no longer in the layout that still have to be drained after a
+    # layout change; they stay assignable until proven drained.
     draining_shards: list[int] = Field(default_factory=list)
+    # Shards in the layout (producers write to them) that consumers may not
+    # read yet: the children of an ordered reshard wait for their parents.
+    held_shards: list[int] = Field(default_factory=list)
     correction: CorrectionRound | None = None
     correction_rounds_started: int = 0
     migrations: list[MigrationRecord] = Field(default_factory=list)
@@ -137,10 +152,23 @@ class GroupMetadata(_Aggregate):
     def active_migration(self) -> MigrationRecord | None:
         return next((m for m in reversed(self.migrations) if m.active), None)
 
+    @model_validator(mode="after")
+    def _default_layout(self) -> GroupMetadata:
+        if not self.layout and self.shard_count:
+            self.layout = list(range(self.shard_count))
+        if len(self.layout) != self.shard_count:
+            raise ValueError("layout must name exactly shard_count shards")
+        return self
+
     def assignable_shards(self) -> list[int]:
-        shards = set(range(self.shard_count))
+        shards = set(self.layout)
         shards.update(self.draining_shards)
+        shards.difference_update(self.held_shards)
         return sorted(shards)
+
+    def known_shards(self) -> set[int]:
+        """Every physical shard the group still has a stream for."""
+        return set(self.layout) | set(self.draining_shards) | set(self.held_shards)
 
     def live_member_ids(self) -> list[str]:
         return sorted(m for m, meta in self.members.items() if meta.live)

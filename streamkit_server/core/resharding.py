@@ -70,6 +70,7 @@ def start_resharding(
     resharding_id: str,
     requested_by: str | None = None,
     reason: str | None = None,
+    ordered: bool = False,
 ) -> GroupMetadata:
     if target_shard_count < 0:
         raise ReshardingRejected(
@@ -81,12 +82,23 @@ def start_resharding(
             f"{group.stream_prefix}/{group.consumer_group} already has an active migration",
             409,
         )
-    if target_shard_count == group.shard_count:
+    if target_shard_count == group.shard_count and not ordered:
         raise ReshardingRejected(
             "SHARD_COUNT_UNCHANGED",
             f"the stream already has {target_shard_count} shards",
             422,
         )
+    layout = group.layout
+    if ordered:
+        # Children get shards of their own: none of the parents' streams is
+        # reused, so "every parent drained" is a per-stream fact.
+        added = _fresh_shards(group, target_shard_count)
+        new_layout, removed = added, list(layout)
+    elif target_shard_count > group.shard_count:
+        added = _fresh_shards(group, target_shard_count - group.shard_count)
+        new_layout, removed = [*layout, *added], []
+    else:
+        added, new_layout, removed = [], layout[:target_shard_count], layout[target_shard_count:]
     record = MigrationRecord(
         resharding_id=resharding_id,
         from_shard_count=group.shard_count,
@@ -96,6 +108,11 @@ def start_resharding(
         updated_at_ms=now_ms,
         requested_by=requested_by,
         reason=reason,
+        previous_layout=list(layout),
+        new_layout=new_layout,
+        added_shards=added,
+        removed_shards=removed,
+        ordered=ordered,
     )
     draft = Draft(group, now_ms, CoordinatorConfig())
     draft.group.migrations = [*group.migrations, record]
@@ -110,8 +127,9 @@ def pending_work(
     if migration is None:
         return None
     if migration.state is MigrationState.PREPARING:
-        added = range(migration.from_shard_count, migration.to_shard_count)
-        return ReshardingWork(migration.resharding_id, prepare=True, provision=tuple(added))
+        return ReshardingWork(
+            migration.resharding_id, prepare=True, provision=tuple(migration.added_shards)
+        )
     if migration.state not in (MigrationState.DRAINING, MigrationState.ROLLING_BACK):
         return None
     if not _producer_lease_passed(migration, now_ms, config):
@@ -138,16 +156,9 @@ def complete_provisioning(
     migration = _migration(draft, resharding_id)
     if migration.state is not MigrationState.PREPARING:
         return group  # a retry after the switch was already recorded
-    old, new = migration.from_shard_count, migration.to_shard_count
-    removed = list(range(new, old))
-    _switch_layout(draft, new, removed)
-    _update_migration(
-        draft,
-        resharding_id,
-        state=MigrationState.ACTIVE,
-        switched_at_ms=now_ms,
-        removed_shards=removed,
-    )
+    held = migration.added_shards if migration.ordered else []
+    _switch_layout(draft, migration.new_layout, migration.removed_shards, held)
+    _update_migration(draft, resharding_id, state=MigrationState.ACTIVE, switched_at_ms=now_ms)
     return draft.finish()
 
 
@@ -234,19 +245,20 @@ def rollback_resharding(
             + "; it can no longer be rolled back",
             422,
         )
-    old = migration.from_shard_count
-    added = list(range(old, migration.to_shard_count))
-    # Shards the migration was draining go back to being ordinary shards.
+    # Shards the migration was draining go back to being ordinary shards, and
+    # the ones it added are drained instead (producers may have written there).
     draft.group.draining_shards = sorted(
         set(draft.group.draining_shards) - set(migration.removed_shards)
     )
-    _switch_layout(draft, old, added)
+    draft.group.held_shards = sorted(set(draft.group.held_shards) - set(migration.added_shards))
+    _switch_layout(draft, migration.previous_layout, migration.added_shards, [])
     _update_migration(
         draft,
         resharding_id,
         state=MigrationState.ROLLING_BACK,
         switched_at_ms=now_ms,
-        removed_shards=added,
+        removed_shards=migration.added_shards,
+        added_shards=[],
         retired_shards=[],
     )
     advance_migration(draft)
@@ -271,6 +283,14 @@ def advance_migration(draft: Draft) -> None:
                 else MigrationState.ROLLED_BACK
             )
             _update_migration(draft, migration.resharding_id, state=final)
+            if set(draft.group.held_shards) & set(migration.added_shards):
+                # Ordered mode: every parent is drained and gone, so the
+                # children may be read now.
+                draft.group.held_shards = sorted(
+                    set(draft.group.held_shards) - set(migration.added_shards)
+                )
+                draft.dirty = draft.observable = draft.membership_changed = True
+                draft.rebalance()
 
 
 def _producer_lease_passed(
@@ -282,11 +302,26 @@ def _producer_lease_passed(
     )
 
 
-def _switch_layout(draft: Draft, shard_count: int, removed: list[int]) -> None:
-    draft.group.shard_count = shard_count
+def _switch_layout(draft: Draft, layout: list[int], removed: list[int], held: list[int]) -> None:
+    draft.group.layout = list(layout)
+    draft.group.shard_count = len(layout)
     draft.group.draining_shards = sorted(set(draft.group.draining_shards) | set(removed))
+    draft.group.held_shards = sorted(set(draft.group.held_shards) | set(held))
     draft.dirty = draft.observable = draft.membership_changed = True
     draft.rebalance()
+
+
+def _fresh_shards(group: GroupMetadata, count: int) -> list[int]:
+    """The lowest shard numbers no stream of the group uses: keeps a plain
+    layout the identity ``0..n-1`` that pattern-based clients expect."""
+    taken = group.known_shards()
+    fresh: list[int] = []
+    candidate = 0
+    while len(fresh) < count:
+        if candidate not in taken:
+            fresh.append(candidate)
+        candidate += 1
+    return fresh
 
 
 def _migration(draft: Draft, resharding_id: str) -> MigrationRecord:

@@ -53,6 +53,7 @@ def app_process(
         *,
         module: str = "recording",
         coordinator_process: CoordinatorProcess | None = None,
+        args: tuple[str, ...] = (),
         **extra: object,
     ) -> AppProcess:
         record = tmp_path / f"{base}-{len(started)}.rec"
@@ -66,7 +67,10 @@ def app_process(
             **extra,
         )
         proc = AppProcess(
-            f"tests.consumer.apps.{module}:app", env, tmp_path / f"{base}-{len(started)}.log"
+            f"tests.consumer.apps.{module}:app",
+            env,
+            tmp_path / f"{base}-{len(started)}.log",
+            args=args,
         )
         proc.record = record  # type: ignore[attr-defined]
         started.append(proc)

@@ -102,8 +102,11 @@ def settled_ownership(owners: Mapping[str, list[int]], members: Iterable[str], s
 class AppProcess:
     """``python -m streamkit run tests.consumer.apps.<module>:app`` as a real process."""
 
-    def __init__(self, target: str, env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(
+        self, target: str, env: Mapping[str, str], log_path: Path, args: Iterable[str] = ()
+    ) -> None:
         self.target = target
+        self.args = list(args)
         self.env = dict(env)
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
@@ -118,7 +121,7 @@ class AppProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "streamkit", "run", self.target, "--log-level", "info"],
+                [sys.executable, "-m", "streamkit", "run", self.target, *self.args],
                 env=env,
                 cwd=REPO,
                 stdin=subprocess.DEVNULL,

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from .support import REPO
+from streamkit.testing import RedisTarget
+
+from .support import REPO, app_env
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "streamkit", *args],
         cwd=REPO,
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=60,
@@ -44,3 +51,20 @@ def test_help_lists_the_options() -> None:
     assert result.returncode == 0
     for option in ("--workers", "--log-level"):
         assert option in result.stdout
+
+
+@pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
+def test_unknown_group_is_one_clear_line(coordinator: Any, any_redis: RedisTarget) -> None:
+    env = app_env(
+        coordinator,
+        any_redis,
+        base="cli",
+        prefix="never-created",
+        group="nobody",
+        record=Path(os.devnull),
+    )
+    result = run("run", "tests.consumer.apps.recording:app", env=env)
+    assert result.returncode == 1, result
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "no consumer group 'nobody'" in last, result.stderr
+    assert "Traceback" not in result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from streamkit.protocol import GroupState, HeartbeatStatus, MemberState
+from streamkit_server.core import new_group
 
 from .harness import CONFIG, Harness, request
 
@@ -262,8 +263,7 @@ def test_member_exceeding_rebalance_timeout_is_fenced() -> None:
 
 
 def test_unaffected_member_keeps_its_shards_through_a_rebalance() -> None:
-    h = Harness()
-    h.group = h.group.model_copy(update={"shard_count": 6})
+    h = Harness(group=new_group("orders", "billing", 6, 0))
     a = h.join("a")
     a = h.steady("a", a)
     b = h.join("b")

@@ -203,3 +203,55 @@ def test_rollback_refused_once_a_shard_is_retired() -> None:
     with pytest.raises(ReshardingRejected) as refused:
         rollback_resharding(h.group, "r1", h.now, CONFIG)
     assert (refused.value.error_code, refused.value.status_code) == ("ROLLBACK_NOT_ALLOWED", 422)
+
+
+def test_ordered_reshard_reads_children_only_after_every_parent_is_retired() -> None:
+    h = with_members(4, ["a", "b"])
+    h.group = start_resharding(h.group, 8, h.now, resharding_id="r1", ordered=True)
+    work = pending_work(h.group, h.now, CONFIG)
+    assert work is not None and work.provision == tuple(range(4, 12))
+    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    # Producers write to the children at once...
+    assert h.group.layout == list(range(4, 12)) and h.group.shard_count == 8
+    # ...but consumers keep reading only the parents.
+    assert h.group.held_shards == list(range(4, 12))
+    settle(h, ["a", "b"])
+    assert set(h.group.owners) == {0, 1, 2, 3}
+    h.advance(LEASE)
+    h.tick()
+    h.group = apply_drain_probe(h.group, "r1", dict.fromkeys(range(4), True), h.now, CONFIG)
+    settle(h, ["a", "b"])
+    assert h.group.owners == {} and h.group.held_shards == list(range(4, 12))
+    h.group = apply_retirement(h.group, "r1", dict.fromkeys(range(3), True), h.now, CONFIG)
+    assert h.group.held_shards == list(range(4, 12))  # one parent is still there
+    h.group = apply_retirement(h.group, "r1", {3: True}, h.now, CONFIG)
+    assert state(h) is MigrationState.DEPRECATED and h.group.held_shards == []
+    for _ in range(2):
+        settle(h, ["a", "b"])
+    assert set(h.group.owners) == set(range(4, 12))
+
+
+def test_plain_reshard_reuses_free_shard_numbers_to_keep_the_identity_layout() -> None:
+    h = with_members(4, ["a"])
+    h.group = start_resharding(h.group, 2, h.now, resharding_id="r1")
+    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.advance(LEASE)
+    h.tick()
+    h.group = apply_drain_probe(h.group, "r1", {2: True, 3: True}, h.now, CONFIG)
+    settle(h, ["a"])
+    h.group = apply_retirement(h.group, "r1", {2: True, 3: True}, h.now, CONFIG)
+    h.group = start_resharding(h.group, 5, h.now, resharding_id="r2")
+    assert h.group.migrations[-1].added_shards == [2, 3, 4]
+    h.group = complete_provisioning(h.group, "r2", h.now, CONFIG)
+    assert h.group.layout == [0, 1, 2, 3, 4]
+
+
+def test_rollback_of_an_ordered_reshard_restores_the_parents() -> None:
+    h = with_members(2, ["a"])
+    h.group = start_resharding(h.group, 3, h.now, resharding_id="r1", ordered=True)
+    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    assert h.group.layout == [2, 3, 4]
+    h.group = rollback_resharding(h.group, "r1", h.now, CONFIG)
+    assert h.group.layout == [0, 1] and h.group.held_shards == []
+    assert h.group.draining_shards == [2, 3, 4]
+    assert state(h) is MigrationState.ROLLING_BACK

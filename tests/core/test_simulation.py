@@ -242,14 +242,16 @@ class ProtocolSimulation(RuleBasedStateMachine):
         if not self.members[member].alive:
             self.members[member].start()
 
-    @rule(shards=st.integers(0, 9))
-    def reshard(self, shards: int) -> None:
+    @rule(shards=st.integers(0, 9), ordered=st.booleans())
+    def reshard(self, shards: int, ordered: bool) -> None:
         """An operator scales the stream; provisioning succeeds at once."""
         self.coordinator.now = self.now
         group = self.coordinator.load()
         self.reshards += 1
         try:
-            group = start_resharding(group, shards, self.now, resharding_id=f"r{self.reshards}")
+            group = start_resharding(
+                group, shards, self.now, resharding_id=f"r{self.reshards}", ordered=ordered
+            )
         except ReshardingRejected:
             return
         self.coordinator.save(group)
@@ -345,7 +347,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
         group = self.store.current[1]
         return (
             group.active_migration() is None
-            and covered == list(range(group.shard_count))
+            and covered == sorted(group.layout)
             and max(counts) - min(counts) <= 1
         )
 

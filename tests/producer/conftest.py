@@ -50,9 +50,10 @@ def metadata_key(prefix: str, group: str) -> str:
     return f"redis-stream:coord:{{{prefix}:{group}}}:metadata"
 
 
-async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
+async def eventually(predicate: Callable[[], bool], within: float = 5.0) -> None:
+    """Poll until ``predicate()`` holds (background refreshes have no event to wait on)."""
+    with anyio.fail_after(within):
+        while not predicate():  # noqa: ASYNC110
             await anyio.sleep(0.005)
 
 

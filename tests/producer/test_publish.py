@@ -44,7 +44,7 @@ async def test_publish_many_returns_results_in_input_order(stack: Stack) -> None
     items = [(f"key-{i % 37}", {"seq": i}) for i in range(500)]
     results = await pub.publish_many(items)
     assert len(results) == 500
-    for (key, fields), result in zip(items, results, strict=True):
+    for (key, _), result in zip(items, results, strict=True):
         assert result.shard_index == shard_for_key(key, 8)
         assert result.stream_key == stack.key(result.shard_index)
         assert result.metadata_version == 1
@@ -125,7 +125,7 @@ async def test_field_names_mappings_and_enums(stack: Stack) -> None:
     await stack.create_group(2)
     pub = stack.publisher()
     with pytest.raises(TypeError, match="field names must be str or bytes"):
-        await pub.publish("k", {1: "x"})  # type: ignore[dict-item]
+        await pub.publish("k", {1: "x"})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="fields must be a mapping"):
         await pub.publish("k", [("a", "b")])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="must not be empty"):

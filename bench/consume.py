@@ -1,0 +1,207 @@
+"""End-to-end consume throughput: a streamkit app against a raw redis-py loop.
+
+Run: python bench/consume.py            (about a minute; starts its own Redis
+                                          and coordinator via streamkit.testing)
+     python bench/consume.py --messages 20000 --concurrency 1
+
+Both sides read the same pre-published backlog (``--messages`` entries of
+~100 bytes over ``--shards`` shard streams), each through its own consumer
+group, in the same process and event loop type, one after the other:
+
+* raw: one asyncio task per shard doing ``XREADGROUP COUNT <batch>`` then one
+  ``XACK`` of the whole batch, until the shard is empty;
+* streamkit: an in-process ``StreamKit`` app, ``concurrency`` members, the
+  handler only does ``await msg.ack()``.
+
+The streamkit clock starts at the first handler call, after the members have
+joined and settled: the group is parked at the end of the streams (``XGROUP
+SETID $``) while they join, then moved back to the start (``SETID 0``), so
+join and rebalance time is not counted, only steady-state consumption.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import httpx
+
+from streamkit import Message, StreamKit
+from streamkit.testing import RedisServer, RedisTarget, redis_client
+from streamkit.testing.coordinator import CoordinatorProcess
+
+PAYLOAD = "x" * 90  # + field name and id overhead: ~100 bytes per entry
+
+
+async def create_group(
+    coordinator: CoordinatorProcess, prefix: str, group: str, shards: int
+) -> None:
+    async with httpx.AsyncClient(base_url=coordinator.url, auth=coordinator.admin_auth) as http:
+        response = await http.post(
+            f"/coord/v1/streams/{prefix}/groups/{group}",
+            json={"initialShardCount": shards, "requestedBy": "bench", "reason": "consume"},
+        )
+        response.raise_for_status()
+
+
+async def owners(coordinator: CoordinatorProcess, prefix: str, group: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=coordinator.url, auth=coordinator.admin_auth) as http:
+        response = await http.get(
+            f"/coord/v1/monitoring/streams/{prefix}/groups/{group}/assignments"
+        )
+        response.raise_for_status()
+        current: dict[str, Any] = response.json()["currentAssignments"]
+        return {member: shards for member, shards in current.items() if shards}
+
+
+async def prepublish(redis: Any, prefix: str, shards: int, messages: int) -> None:
+    chunk = 5_000
+    for start in range(0, messages, chunk):
+        pipe = redis.pipeline(transaction=False)
+        for i in range(start, min(start + chunk, messages)):
+            pipe.xadd(f"{prefix}:{i % shards}", {"payload": PAYLOAD})
+        await pipe.execute()
+
+
+async def raw_loop(redis: Any, prefix: str, shards: int, batch: int, group: str) -> float:
+    for shard in range(shards):
+        await redis.xgroup_create(f"{prefix}:{shard}", group, "0")
+    total = 0
+
+    async def one_shard(key: str) -> None:
+        nonlocal total
+        while True:
+            reply = await redis.xreadgroup(group, "raw", {key: ">"}, count=batch)
+            if not reply or not reply[0][1]:
+                return
+            entries = reply[0][1]
+            await redis.xack(key, group, *[entry_id for entry_id, _ in entries])
+            total += len(entries)
+
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for shard in range(shards):
+            tg.start_soon(one_shard, f"{prefix}:{shard}")
+    elapsed = time.perf_counter() - start
+    return total / elapsed
+
+
+async def streamkit_run(
+    coordinator: CoordinatorProcess,
+    target: RedisTarget,
+    redis: Any,
+    prefix: str,
+    shards: int,
+    batch: int,
+    concurrency: int,
+    tag: str,
+) -> float:
+    group = f"sk{tag}"
+    await create_group(coordinator, prefix, group, shards)
+    for shard in range(shards):  # park the group at the end while members join
+        await redis.xgroup_setid(f"{prefix}:{shard}", group, "$")
+    user, password = coordinator.admin_auth
+    app = StreamKit(
+        coordinator_url=coordinator.url,
+        coordinator_username=user,
+        coordinator_password=password,
+        redis_url=target.url,
+        redis_cluster=target.cluster,
+        member_id_base=f"bench-{tag}",
+    )
+    handled = 0
+    first = 0.0
+    expected = 0  # set once the streams are final
+    done = anyio.Event()
+
+    @app.stream_listener(stream_prefix=prefix, group=group, concurrency=concurrency,
+                         batch_size=batch)
+    async def handle(msg: Message) -> None:
+        nonlocal handled, first
+        if not handled:
+            first = time.perf_counter()
+        handled += 1
+        if handled == expected:
+            done.set()
+        await msg.ack()
+
+    members = {f"bench-{tag}-m{i}" for i in range(concurrency)}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(app.serve)
+        while True:  # joined and balanced
+            current = await owners(coordinator, prefix, group)
+            counts = [len(current.get(m, [])) for m in members]
+            if set(current) == members and sum(counts) == shards and max(counts) - min(counts) <= 1:
+                break
+            await anyio.sleep(0.05)
+        for shard in range(shards):
+            await redis.xgroup_setid(f"{prefix}:{shard}", group, "0")
+        # SETID does not wake readers blocked in XREADGROUP; one new entry per
+        # shard does (and is counted).
+        for shard in range(shards):
+            await redis.xadd(f"{prefix}:{shard}", {"payload": PAYLOAD})
+        expected = sum([await redis.xlen(f"{prefix}:{shard}") for shard in range(shards)])
+        with anyio.fail_after(300):
+            await done.wait()
+        elapsed = time.perf_counter() - first
+        app.shutdown()
+    pending = 0
+    for shard in range(shards):
+        for info in await redis.xinfo_groups(f"{prefix}:{shard}"):
+            if info["name"] == group.encode():
+                pending += info["pending"]
+    if pending:
+        details = []
+        for shard in range(shards):
+            details += await redis.xpending_range(f"{prefix}:{shard}", group, "-", "+", 10)
+        raise RuntimeError(f"{pending} entries left pending: {details} handled={handled}")
+    return expected / elapsed
+
+
+async def bench(args: argparse.Namespace, url: str, coordinator: CoordinatorProcess) -> None:
+    target = RedisTarget(url=url, cluster=False)
+    redis = redis_client(target)
+    prefix = "bench"
+    await create_group(coordinator, prefix, "provision", args.shards)
+    started = time.perf_counter()
+    await prepublish(redis, prefix, args.shards, args.messages)
+    print(f"pre-published {args.messages} entries over {args.shards} shards "
+          f"in {time.perf_counter() - started:.1f}s")
+    print(f"{'run':<28}{'msg/s':>12}{'vs raw':>10}")
+    for attempt in range(args.repeat):
+        for concurrency in args.concurrency:
+            tag = f"{concurrency}x{attempt}"
+            raw = await raw_loop(redis, prefix, args.shards, args.batch, f"raw{tag}")
+            kit = await streamkit_run(
+                coordinator, target, redis, prefix, args.shards, args.batch, concurrency, tag
+            )
+            print(f"{'raw XREADGROUP+XACK':<28}{raw:>12,.0f}")
+            print(f"{f'streamkit concurrency={concurrency}':<28}{kit:>12,.0f}{kit / raw:>10.0%}")
+    await redis.aclose()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args(argv)
+    with RedisServer() as server, CoordinatorProcess(
+        server.url,
+        heartbeat_interval_ms=1_000,
+        member_lease_ttl_ms=5_000,
+        rebalance_timeout_ms=10_000,
+        tick_interval_ms=200,
+    ) as coordinator:
+        print(f"redis {server.url}, coordinator {coordinator.url}, pid {os.getpid()}")
+        anyio.run(bench, args, server.url, coordinator)
+
+
+if __name__ == "__main__":
+    main()
