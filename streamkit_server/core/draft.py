@@ -41,12 +41,10 @@ class Draft:
         return member
 
     def add_member(self, member_id: str, request: HeartbeatRequest) -> None:
-        old = self.group.members.get(member_id)
-        if old is not None:
-            # A fenced incarnation still holding shards: the new one starts from
-            # empty ownership, so the old holdings are provably not being read.
-            for shard in self.group.shards_held_by(member_id):
-                self.release(shard)
+        # Shards a fenced earlier incarnation still holds stay held, now by the
+        # new one: the join might be a late duplicate from the old incarnation,
+        # which may still be reading.  The new incarnation reads nothing yet
+        # and lets them go by omitting them from its next heartbeat.
         self.group.members[member_id] = MemberMetadata(
             member_id=member_id,
             member_name=request.member_name,
@@ -78,8 +76,8 @@ class Draft:
         The member may still be reading when the fence is decided (it learns of
         it only from its next response), so handing its shards over at once
         could create two readers.  They are released by ``apply_timeouts`` one
-        member lease after the fence, or earlier when the member rejoins with
-        epoch 0 or leaves with -1 (both mean it stopped reading).
+        member lease after the fence, or by the member itself: a leave (-1), or
+        a rejoin followed by a heartbeat that no longer reports them.
         """
         self._update_member(
             member_id,

@@ -12,7 +12,8 @@ Rules, in the order they are applied (each names the SPEC/seed rule):
    fencing, release of fenced members' shards): see ``timeouts.py``.
 3. metadataVersion above the stored one -> open (or extend) a correction
    round; never raise the stored version to match.
-4. memberEpoch 0 -> join / rejoin with empty ownership.
+4. memberEpoch 0 -> join / rejoin with empty ownership; releases nothing (it may be
+   a late duplicate of an earlier join), the member lets go by omission later.
 5. memberEpoch -1 -> graceful leave.
 6. memberEpoch > 0:
    * unknown member -> UNKNOWN_MEMBER_ID; expired/fenced -> FENCED_MEMBER_EPOCH;
@@ -138,13 +139,14 @@ def _join(draft: Draft, request: HeartbeatRequest) -> HeartbeatOutcome:
         # claims here would let a member that was fenced keep reading.
         return _reject(draft.original, request, HeartbeatStatus.INVALID_REQUEST, draft.config)
     existing = draft.group.members.get(member_id)
-    if existing is not None and existing.live:
-        # A retried join (its answer was lost) or a restarted process: either way
-        # it reads nothing now, so shards it was told to give up are free.
-        for shard in draft.group.revoking_from(member_id):
-            draft.release(shard)
-    else:
+    if existing is None or not existing.live:
         draft.add_member(member_id, request)
+    # A join from a live member is a retried join whose answer was lost, a
+    # restarted process, or a late duplicate of the join that arrived after
+    # the member moved on (the simulation found that one).  Only the first two
+    # read nothing, and they cannot be told apart, so the join releases
+    # nothing: it answers the current view, and the member releases what it
+    # does not read by omitting it from its next heartbeat.
     draft.record_liveness(member_id, request)
     if draft.may_grant():
         draft.grant_pending(member_id)

@@ -75,6 +75,22 @@ def test_retried_join_whose_answer_was_lost_gets_the_same_assignment() -> None:
     assert h.group.group_epoch == 1  # membership did not change twice
 
 
+def test_late_duplicate_of_a_join_releases_nothing() -> None:
+    """Found by the simulation: a join delayed in the network arrives after the
+    member joined through a retry and reads shards another member now targets."""
+    h = Harness()
+    join = request("a", 0, request_id="join-1")
+    a = h.beat("a", request("a", 0, request_id="join-2"))
+    assert a.assigned == [0, 1, 2, 3]
+    h.join("b")  # b's target now includes shards a still reads
+    h.beat("a", join)  # the first join, late
+    assert h.group.shards_held_by("a") == [0, 1, 2, 3]
+    b = h.beat(
+        "b", request("b", h.group.members["b"].member_epoch, version=h.group.metadata_version)
+    )
+    assert b.assigned == []
+
+
 def test_graceful_leave_releases_shards_at_once() -> None:
     h, _a_epoch, b_epoch = two_members_rebalancing()
     answer = h.beat("a", request("a", -1))
@@ -171,7 +187,7 @@ def test_fenced_members_shards_are_held_for_one_lease_then_move() -> None:
     assert b.assigned == [0, 1, 2, 3]
 
 
-def test_fenced_member_rejoining_with_epoch_zero_releases_its_shards_at_once() -> None:
+def test_fenced_member_rejoining_with_epoch_zero_takes_its_shards_back() -> None:
     h = Harness()
     a = h.join("a")
     a = h.steady("a", a)
