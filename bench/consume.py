@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -118,8 +119,9 @@ async def streamkit_run(
     expected = 0  # set once the streams are final
     done = anyio.Event()
 
-    @app.stream_listener(stream_prefix=prefix, group=group, concurrency=concurrency,
-                         batch_size=batch)
+    @app.stream_listener(
+        stream_prefix=prefix, group=group, concurrency=concurrency, batch_size=batch
+    )
     async def handle(msg: Message) -> None:
         nonlocal handled, first
         if not handled:
@@ -169,9 +171,12 @@ async def bench(args: argparse.Namespace, url: str, coordinator: CoordinatorProc
     await create_group(coordinator, prefix, "provision", args.shards)
     started = time.perf_counter()
     await prepublish(redis, prefix, args.shards, args.messages)
-    print(f"pre-published {args.messages} entries over {args.shards} shards "
-          f"in {time.perf_counter() - started:.1f}s")
+    print(
+        f"pre-published {args.messages} entries over {args.shards} shards "
+        f"in {time.perf_counter() - started:.1f}s"
+    )
     print(f"{'run':<28}{'msg/s':>12}{'vs raw':>10}")
+    ratios: dict[int, list[float]] = {c: [] for c in args.concurrency}
     for attempt in range(args.repeat):
         for concurrency in args.concurrency:
             tag = f"{concurrency}x{attempt}"
@@ -179,8 +184,14 @@ async def bench(args: argparse.Namespace, url: str, coordinator: CoordinatorProc
             kit = await streamkit_run(
                 coordinator, target, redis, prefix, args.shards, args.batch, concurrency, tag
             )
+            ratios[concurrency].append(kit / raw)
             print(f"{'raw XREADGROUP+XACK':<28}{raw:>12,.0f}")
             print(f"{f'streamkit concurrency={concurrency}':<28}{kit:>12,.0f}{kit / raw:>10.0%}")
+    if args.repeat > 1:
+        for concurrency, values in ratios.items():
+            print(
+                f"median streamkit/raw, concurrency={concurrency}: {statistics.median(values):.0%}"
+            )
     await redis.aclose()
 
 
@@ -192,13 +203,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args(argv)
-    with RedisServer() as server, CoordinatorProcess(
-        server.url,
-        heartbeat_interval_ms=1_000,
-        member_lease_ttl_ms=5_000,
-        rebalance_timeout_ms=10_000,
-        tick_interval_ms=200,
-    ) as coordinator:
+    with (
+        RedisServer() as server,
+        CoordinatorProcess(
+            server.url,
+            heartbeat_interval_ms=1_000,
+            member_lease_ttl_ms=5_000,
+            rebalance_timeout_ms=10_000,
+            tick_interval_ms=200,
+        ) as coordinator,
+    ):
         print(f"redis {server.url}, coordinator {coordinator.url}, pid {os.getpid()}")
         anyio.run(bench, args, server.url, coordinator)
 

@@ -236,9 +236,7 @@ def render(app: Any) -> str:
     out.append("|---|---|---|---|")
     for tag, operations in groups.items():
         for method, path, operation in operations:
-            out.append(
-                f"| {tag} | `{method.upper()}` | `{path}` | `{operation['operationId']}` |"
-            )
+            out.append(f"| {tag} | `{method.upper()}` | `{path}` | `{operation['operationId']}` |")
     out.append("")
 
     for tag, operations in groups.items():
@@ -326,9 +324,7 @@ def _component(name: str, component: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--check", action="store_true", help="exit 1 if docs/api.md is out of date"
-    )
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/api.md is out of date")
     args = parser.parse_args(argv)
     text = render(build_app())
     if args.check:

@@ -325,7 +325,8 @@ class StreamKit:
             self._members = self._build_members(xackdel)
             log.info(
                 "streamkit serving %d listener(s) with %d member(s)",
-                len(self._listeners), len(self._members),
+                len(self._listeners),
+                len(self._members),
             )
             await _unwrapped(self._supervise(self._members, self._stop))
         finally:
@@ -349,8 +350,9 @@ class StreamKit:
                 for done in finished:
                     await done.wait()
                 return
-            log.warning("members did not drain within %.1fs; cancelling handlers",
-                        self.shutdown_timeout)
+            log.warning(
+                "members did not drain within %.1fs; cancelling handlers", self.shutdown_timeout
+            )
             for member in members:
                 member.force_stop()
 
@@ -502,4 +504,3 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterable[BaseException]
             yield from _leaves(exc)
         else:
             yield exc
-

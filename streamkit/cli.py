@@ -51,8 +51,9 @@ def load_app(target: str) -> StreamKit:
     except ModuleNotFoundError as exc:
         # Only a missing *target* is a bad path; a missing import inside the
         # module is a bug in it and deserves its traceback.
-        if exc.name is not None and (module_name == exc.name
-                                     or module_name.startswith(exc.name + ".")):
+        if exc.name is not None and (
+            module_name == exc.name or module_name.startswith(exc.name + ".")
+        ):
             raise TargetError(f"cannot import module {module_name!r}: {exc}") from None
         raise
     app = module
@@ -60,9 +61,7 @@ def load_app(target: str) -> StreamKit:
         try:
             app = getattr(app, part)
         except AttributeError:
-            raise TargetError(
-                f"module {module_name!r} has no attribute {attribute!r}"
-            ) from None
+            raise TargetError(f"module {module_name!r} has no attribute {attribute!r}") from None
     if not isinstance(app, StreamKit):
         raise TargetError(
             f"{target!r} is a {type(app).__name__}, not a streamkit.StreamKit application"
@@ -141,8 +140,10 @@ async def _forward_signals(app: StreamKit) -> None:
         async for signum in signals:
             received += 1
             if received == 1:
-                log.info("%s: draining and leaving (send again to cancel handlers)",
-                         signal.Signals(signum).name)
+                log.info(
+                    "%s: draining and leaving (send again to cancel handlers)",
+                    signal.Signals(signum).name,
+                )
                 app.shutdown()
             else:
                 log.warning("%s again: cancelling handlers", signal.Signals(signum).name)
@@ -200,6 +201,34 @@ async def _supervise(target: str, workers: int, log_level: str) -> int:
                 waiters.start_soon(watch, proc)
         tg.cancel_scope.cancel()
     return status
+
+
+@cli.command()
+def demo(
+    duration: Annotated[float, typer.Option(min=5, help="Seconds of publishing.")] = 60.0,
+    shards: Annotated[int, typer.Option(min=1, help="Initial shards of the stream.")] = 8,
+    scale_to: Annotated[int, typer.Option(min=1, help="Shards after the live reshard.")] = 12,
+    rate: Annotated[float, typer.Option(min=1, help="Orders published per second.")] = 400.0,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Use this Redis instead of a private redis-server.")
+    ] = None,
+    redis_cluster: Annotated[bool, typer.Option(help="--redis-url is a cluster node.")] = False,
+) -> None:
+    """Run Redis, a coordinator, consumers and a publisher locally, live."""
+    # Imported here: the demo needs the server extra and a source checkout.
+    from streamkit.demo import DemoOptions
+    from streamkit.demo import run as run_demo
+
+    _configure_logging("warning")
+    options = DemoOptions(
+        duration=duration,
+        redis_url=redis_url,
+        redis_cluster=redis_cluster,
+        shards=shards,
+        scale_to=scale_to,
+        rate=rate,
+    )
+    raise typer.Exit(run_demo(options))
 
 
 def main() -> None:

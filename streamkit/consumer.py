@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -87,7 +88,11 @@ class MemberRuntime:
         self.stream_prefix = stream_prefix
         self.consumer_group = consumer_group
         self.context = ShardContext(
-            self.machine, stream_prefix=stream_prefix, consumer_group=consumer_group, redis=redis
+            self.machine,
+            stream_prefix=stream_prefix,
+            consumer_group=consumer_group,
+            redis=redis,
+            spawn=self._start_user_task,
         )
         self.poller = poller(self.machine) if poller is not None else None
         self._hooks = hooks
@@ -129,6 +134,15 @@ class MemberRuntime:
         if self.poller is not None:
             self.poller.close()
         self._wake.set()
+
+    def _start_user_task(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        if self._tg is None:
+            raise RuntimeError(f"member {self.member_id} is not running")
+
+        async def task() -> None:
+            await fn(*args)
+
+        self._tg.start_soon(task, name=f"{self.member_id}:{getattr(fn, '__name__', 'task')}")
 
     # -- main task -------------------------------------------------------------
 
@@ -181,8 +195,11 @@ class MemberRuntime:
                 delay_ms = self._retry_delay_ms(failures)
             else:
                 if failures:
-                    log.info("%s: coordinator reachable again after %d failures",
-                             self.member_id, failures)
+                    log.info(
+                        "%s: coordinator reachable again after %d failures",
+                        self.member_id,
+                        failures,
+                    )
                 failures = 0
                 delay_ms = await self._on_response(response)
             await self._sleep(delay_ms)
@@ -200,12 +217,20 @@ class MemberRuntime:
         delay_ms = machine.heartbeat_interval_ms
         for reaction in reactions:
             if reaction.kind is ReactionKind.START:
-                log.info("%s: assigned shards %s (epoch %d)", self.member_id,
-                         sorted(reaction.shards), machine.epoch)
+                log.info(
+                    "%s: assigned shards %s (epoch %d)",
+                    self.member_id,
+                    sorted(reaction.shards),
+                    machine.epoch,
+                )
                 self._spawn(reaction.shards, self._assign)
             elif reaction.kind is ReactionKind.DRAIN:
-                log.info("%s: revoking shards %s (%s)", self.member_id, sorted(reaction.shards),
-                         reaction.status)
+                log.info(
+                    "%s: revoking shards %s (%s)",
+                    self.member_id,
+                    sorted(reaction.shards),
+                    reaction.status,
+                )
                 self._begin_drain(reaction.shards)
             elif reaction.kind is ReactionKind.LOST:
                 await self._lose(reaction)
@@ -302,7 +327,9 @@ class MemberRuntime:
     async def _lose(self, reaction: Reaction) -> None:
         log.warning(
             "%s: %s; stopping shards %s and rejoining with epoch 0",
-            self.member_id, reaction.status, sorted(reaction.shards),
+            self.member_id,
+            reaction.status,
+            sorted(reaction.shards),
         )
         # Everything this member did is void: stop hooks still draining or
         # assigning (a stuck on_revoked is the usual reason for a fence).
@@ -339,7 +366,9 @@ class MemberRuntime:
                 if attempt == _LEAVE_ATTEMPTS:
                     log.warning(
                         "%s: could not leave (%r); the coordinator will expire the member "
-                        "after its lease", self.member_id, exc,
+                        "after its lease",
+                        self.member_id,
+                        exc,
                     )
                     return
                 await anyio.sleep(self._retry_delay_ms(attempt) / 1000)
@@ -377,12 +406,16 @@ class MemberRuntime:
     def _log_failure(self, exc: BaseException, failures: int) -> None:
         if failures == 1 or failures % 10 == 0:
             lease = "valid" if self.machine.lease_valid(monotonic_ms()) else "expired"
-            log.warning("%s: heartbeat failed (%d in a row, lease %s): %s",
-                        self.member_id, failures, lease, exc or repr(exc))
+            log.warning(
+                "%s: heartbeat failed (%d in a row, lease %s): %s",
+                self.member_id,
+                failures,
+                lease,
+                exc or repr(exc),
+            )
 
     def __repr__(self) -> str:
         return (
             f"<MemberRuntime {self.member_id} epoch={self.machine.epoch} "
             f"reading={sorted(self.machine.reading)} draining={sorted(self.machine.draining)}>"
         )
-

@@ -9,7 +9,8 @@ as it checks ``ctx.may_read(shard)`` before every read.
 from __future__ import annotations
 
 import time
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, runtime_checkable
 
 from streamkit.connections import AsyncRedis
 from streamkit.member import MemberStateMachine
@@ -66,7 +67,7 @@ class ShardContext:
     current state, so a long-running reader can keep one context around.
     """
 
-    __slots__ = ("_machine", "consumer_group", "redis", "stream_prefix")
+    __slots__ = ("_machine", "_spawn", "consumer_group", "redis", "stream_prefix")
 
     def __init__(
         self,
@@ -75,11 +76,24 @@ class ShardContext:
         stream_prefix: str,
         consumer_group: str,
         redis: AsyncRedis,
+        spawn: Callable[..., None] | None = None,
     ) -> None:
         self._machine = machine
         self.stream_prefix = stream_prefix
         self.consumer_group = consumer_group
         self.redis = redis
+        self._spawn = spawn
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` as a task of the member (a custom shard reader).
+
+        The task is cancelled when the member stops, so a hook can start a
+        per-shard read loop in ``on_assigned`` and return at once; the loop
+        should end by itself once ``may_read`` turns false.
+        """
+        if self._spawn is None:
+            raise RuntimeError("this ShardContext is not attached to a running member")
+        self._spawn(fn, *args)
 
     @property
     def member_id(self) -> str:
@@ -118,4 +132,3 @@ class ShardContext:
         """
         until = self._machine.lease_until_ms
         return 0 if until is None else max(0, until - monotonic_ms())
-

@@ -162,6 +162,7 @@ class Listener:
     def member_ids(self, base: str) -> list[str]:
         """``{base}-m0 .. {base}-m{N-1}``: stable across restarts of the same pod,
         so the coordinator recognises a returning member."""
+        _check_name("member_id_base (STREAMKIT_MEMBER_ID_BASE)", base)
         return [f"{base}-m{i}" for i in range(self.concurrency)]
 
     def async_handler(self) -> Handler | None:

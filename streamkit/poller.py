@@ -224,8 +224,12 @@ class ShardSession:
         self.pending_count = 0
         self._acks: list[bytes] = []
         self._ack_dels: list[bytes] = []
-        self._nacked: list[bytes] = []
+        # Our own pending entries to fetch again (nacked, or skipped when the
+        # lease lapsed mid-batch): XCLAIM to ourselves before reading new ones.
+        self._redeliver: list[bytes] = []
+        self._claiming = poller.options.claim_pending
         self._claim_cursor = _END_OF_PEL
+        self._idle = False
         # Cancelled by halt(): the blocking read and every wait, never a handler.
         self._interruptible: anyio.CancelScope | None = None
 
@@ -246,15 +250,16 @@ class ShardSession:
         if self.aborted or self.finished.is_set():
             # Lost: another member may own the shard now (seed 004: stop
             # acking).  Finished: settled after the handler returned.
-            log.debug("ignoring %s of %s %r: shard no longer held", how.value, self.stream_key,
-                      message_id)
+            log.debug(
+                "ignoring %s of %s %r: shard no longer held", how.value, self.stream_key, message_id
+            )
             return
         if how is Settlement.ACK:
             self._acks.append(message_id)
         elif how is Settlement.ACK_DEL:
             self._ack_dels.append(message_id)
         else:
-            self._nacked.append(message_id)
+            self._redeliver.append(message_id)
 
     def may_read(self) -> bool:
         return not self.stopping and self._poller.machine.may_read(self.shard, monotonic_ms())
@@ -275,43 +280,46 @@ class ShardSession:
 
     async def _loop(self) -> None:
         poller = self._poller
-        options = poller.options
-        claiming = options.claim_pending
-        idle = False
         failures = 0
         while not self.stopping:
             if not self.may_read():
                 await self._interruptibly(poller.wait_for_change())
                 continue
-            want = 1 if idle else options.batch_size
+            want = 1 if self._idle else poller.options.batch_size
             granted = await self._interruptibly(poller.gate.acquire(want))
             if not granted:
                 continue
+            error: BaseException | None = None
             try:
-                if not self.may_read():
-                    continue
-                try:
-                    if claiming:
-                        entries, claiming = await self._claim(granted)
-                        redelivered = True
-                    elif self._nacked:
-                        entries = await self._reclaim_nacked(granted)
-                        redelivered = True
+                if self.may_read():
+                    try:
+                        entries, redelivered = await self._read_batch(granted)
+                    except (RedisError, OSError) as exc:
+                        error = exc
                     else:
-                        entries = await self._read_new(granted, block=idle)
-                        redelivered = False
-                        idle = not entries
-                except (RedisError, OSError) as exc:
-                    failures += 1
-                    self._log_read_error(exc, failures)
-                    await self._interruptibly(anyio.sleep(_backoff_s(failures)))
-                    continue
-                failures = 0
-                if entries:
-                    await self._handle(entries, redelivered)
-                    await self._flush()
+                        failures = 0
+                        if entries:
+                            await self._handle(entries, redelivered)
+                            await self._flush()
             finally:
                 poller.gate.release(granted)
+            if error is not None:
+                # Back off (no hot loop on NOGROUP or a Redis outage) without
+                # holding tokens that other shards could use.
+                failures += 1
+                self._log_read_error(error, failures)
+                await self._interruptibly(anyio.sleep(_backoff_s(failures)))
+
+    async def _read_batch(self, count: int) -> tuple[list[tuple[bytes, Any]], bool]:
+        """The next entries: claimed leftovers first, then redeliveries, then new."""
+        if self._claiming:
+            entries, self._claiming = await self._claim(count)
+            return entries, True
+        if self._redeliver:
+            return await self._reclaim(count), True
+        entries = await self._read_new(count, block=self._idle)
+        self._idle = not entries
+        return entries, False
 
     async def _interruptibly(self, awaitable: Awaitable[Any]) -> Any:
         """Await ``awaitable`` unless ``halt()`` comes first (then: None)."""
@@ -360,7 +368,7 @@ class ShardSession:
                         block=block_ms,
                     )
                 )
-            entries: list[tuple[bytes, Any]] = reply[0][1] if reply else []
+            entries = _entries_of(reply)
             count_read = len(entries)
         finally:
             if observer is not None:
@@ -395,14 +403,15 @@ class ShardSession:
         self._claim_cursor = cursor
         self.pending_count += count_read
         if entries:
-            log.debug("%s claimed %d pending entries of %s", self.member_id, count_read,
-                      self.stream_key)
+            log.debug(
+                "%s claimed %d pending entries of %s", self.member_id, count_read, self.stream_key
+            )
         return entries, cursor != _END_OF_PEL
 
-    async def _reclaim_nacked(self, count: int) -> list[tuple[bytes, Any]]:
-        """Fetch nacked entries again (XCLAIM to ourselves, min-idle 0)."""
+    async def _reclaim(self, count: int) -> list[tuple[bytes, Any]]:
+        """Fetch our own pending entries again (XCLAIM to ourselves, min-idle 0)."""
         poller = self._poller
-        ids, self._nacked = self._nacked[:count], self._nacked[count:]
+        ids, self._redeliver = self._redeliver[:count], self._redeliver[count:]
         observer = poller.observer
         epoch = poller.machine.epoch
         if observer is not None:
@@ -416,7 +425,7 @@ class ShardSession:
             entries: list[tuple[bytes, Any]] = [e for e in reply if e[1] is not None]
             count_read = len(entries)
         except BaseException:
-            self._nacked[:0] = ids
+            self._redeliver[:0] = ids
             raise
         finally:
             if observer is not None:
@@ -433,11 +442,19 @@ class ShardSession:
             log.error(
                 "%s: consumer group %r is missing on %s (failure %d); retrying with backoff. "
                 "Re-provision the group through the coordinator.",
-                self.member_id, self.consumer_group, self.stream_key, failures,
+                self.member_id,
+                self.consumer_group,
+                self.stream_key,
+                failures,
             )
         else:
-            log.warning("%s: reading %s failed (failure %d): %r", self.member_id,
-                        self.stream_key, failures, exc)
+            log.warning(
+                "%s: reading %s failed (failure %d): %r",
+                self.member_id,
+                self.stream_key,
+                failures,
+                exc,
+            )
 
     # -- handling ----------------------------------------------------------------
 
@@ -454,10 +471,13 @@ class ShardSession:
         try:
             if poller.options.ordered:
                 machine = poller.machine
-                for message in messages:
+                for index, message in enumerate(messages):
                     # Start nothing once the shard may not be read: the rest
-                    # stays pending for whoever owns the shard next.
+                    # stays pending, for whoever owns the shard next or, if
+                    # only the lease lapsed, for us once it is renewed.
                     if self.stopping or not machine.may_read(shard, monotonic_ms()):
+                        if not self.stopping:
+                            self._redeliver.extend(m.raw_id for m in messages[index:])
                         break
                     await invoke(message)
                     self.in_flight -= 1
@@ -500,11 +520,17 @@ class ShardSession:
                 if final:
                     # Unacked entries stay pending and are redelivered to the
                     # next owner: a duplicate, never a loss.
-                    log.warning("%s: could not ack %d entries of %s: %r", self.member_id,
-                                len(acks) + len(dels), self.stream_key, exc)
+                    log.warning(
+                        "%s: could not ack %d entries of %s: %r",
+                        self.member_id,
+                        len(acks) + len(dels),
+                        self.stream_key,
+                        exc,
+                    )
                 else:
-                    log.warning("%s: ack of %s failed, will retry: %r", self.member_id,
-                                self.stream_key, exc)
+                    log.warning(
+                        "%s: ack of %s failed, will retry: %r", self.member_id, self.stream_key, exc
+                    )
                     self._acks[:0] = acks
                     self._ack_dels[:0] = dels
                 return
@@ -523,6 +549,17 @@ class ShardSession:
             last_acked_id=self.last_acked_id.decode() if self.last_acked_id else None,
             pending_count=self.pending_count,
         )
+
+
+def _entries_of(reply: Any) -> list[tuple[bytes, Any]]:
+    """The entries of a one-stream XREADGROUP reply (RESP2 list or RESP3 map)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        entries: list[tuple[bytes, Any]] = next(iter(reply.values()))[0]
+        return entries
+    entries = reply[0][1]
+    return entries
 
 
 def _backoff_s(failures: int) -> float:
@@ -641,7 +678,10 @@ class ShardPoller:
             # claim of this shard); the listener keeps going.
             log.exception(
                 "handler failed for %s entry %s (group %s, member %s); it stays pending",
-                message.stream_key, message.id, self.consumer_group, self.member_id,
+                message.stream_key,
+                message.id,
+                self.consumer_group,
+                self.member_id,
             )
             return
         if self.options.auto_ack and message.settled is None:

@@ -11,6 +11,7 @@ import pytest
 
 from streamkit.testing import RedisTarget, redis_client
 from streamkit.testing.coordinator import CoordinatorProcess
+
 from .support import Admin, AppProcess, app_env
 
 

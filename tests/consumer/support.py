@@ -18,7 +18,12 @@ from typing import Any
 import anyio
 import httpx
 
-from streamkit.protocol import AssignmentsResponse, MemberListResponse, shard_indexes
+from streamkit.protocol import (
+    AssignmentsResponse,
+    ConsumptionProgressResponse,
+    MemberListResponse,
+    shard_indexes,
+)
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit.testing.redis_server import _die_with_parent_hook
@@ -28,12 +33,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 async def eventually(
     check: Callable[[], Awaitable[bool]] | Callable[[], bool],
-    timeout: float,
+    within: float,
     what: str,
     interval: float = 0.05,
 ) -> None:
-    """Poll ``check`` until it is true; fail with ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
+    """Poll ``check`` until it is true; fail with ``what`` after ``within`` s."""
+    deadline = time.monotonic() + within
     while True:
         result = check()
         if not isinstance(result, bool):
@@ -41,7 +46,7 @@ async def eventually(
         if result:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
+            raise AssertionError(f"timed out after {within:.1f}s waiting for {what}")
         await anyio.sleep(interval)
 
 
@@ -79,6 +84,11 @@ class Admin:
             await self._get(f"/coord/v1/monitoring/streams/{prefix}/groups/{group}/assignments")
         )
         return {m: shard_indexes(s) for m, s in body.target_assignment.items() if s}
+
+    async def consumption(self, prefix: str, group: str) -> ConsumptionProgressResponse:
+        return ConsumptionProgressResponse.from_wire(
+            await self._get(f"/coord/v1/monitoring/streams/{prefix}/groups/{group}/consumption")
+        )
 
     async def members(self, prefix: str, group: str) -> MemberListResponse:
         return MemberListResponse.from_wire(
@@ -118,7 +128,7 @@ class AppProcess:
         env.update(self.env)
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "streamkit", "run", self.target, *self.args],
@@ -150,18 +160,18 @@ class AppProcess:
         self.proc.wait(10)
         self.died_ns = time.monotonic_ns()
 
-    async def terminate(self, timeout: float = 20.0) -> int:
+    async def terminate(self, within: float = 20.0) -> int:
         """SIGTERM and wait for the exit status without blocking the loop."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return await self.wait(timeout)
+        return await self.wait(within)
 
-    async def wait(self, timeout: float) -> int:
+    async def wait(self, within: float) -> int:
         assert self.proc is not None
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + within
         while self.proc.poll() is None:
             if time.monotonic() > deadline:
-                raise AssertionError(f"{self.target} did not exit in {timeout}s:\n{self.logs()}")
+                raise AssertionError(f"{self.target} did not exit in {within}s:\n{self.logs()}")
             await anyio.sleep(0.02)
         self.died_ns = time.monotonic_ns()
         return self.proc.returncode
@@ -236,7 +246,6 @@ def parse_records(paths: Iterable[Path], died_ns: Mapping[int, int]) -> Records:
     handled: dict[str, int] = defaultdict(int)
     for path in paths:
         open_reads: dict[tuple[int, str], deque[tuple[int, int]]] = defaultdict(deque)
-        pid = 0
         for line in path.read_text().splitlines():
             parts = line.split()
             if not parts:
@@ -244,8 +253,7 @@ def parse_records(paths: Iterable[Path], died_ns: Mapping[int, int]) -> Records:
             kind = parts[0]
             if kind == "B":
                 _, shard, member, epoch, pid_s, t = parts
-                pid = int(pid_s)
-                open_reads[(int(shard), f"{member}@{pid}")].append((int(epoch), int(t)))
+                open_reads[(int(shard), f"{member}@{pid_s}")].append((int(epoch), int(t)))
             elif kind == "E":
                 _, shard, member, epoch, pid_s, t, _count = parts
                 key = (int(shard), f"{member}@{pid_s}")
@@ -253,9 +261,9 @@ def parse_records(paths: Iterable[Path], died_ns: Mapping[int, int]) -> Records:
                 reads.append(ReadInterval(int(shard), key[1], ep, start, int(t)))
             elif kind == "H":
                 handled[parts[1]] += 1
-        for (shard, reader), left in open_reads.items():
+        for (index, reader), left in open_reads.items():
             end = died_ns.get(int(reader.rsplit("@", 1)[1]), time.monotonic_ns())
-            reads.extend(ReadInterval(shard, reader, ep, start, end) for ep, start in left)
+            reads.extend(ReadInterval(index, reader, ep, start, end) for ep, start in left)
     return Records(reads, dict(handled))
 
 
@@ -279,7 +287,9 @@ def overlapping_reads(reads: Iterable[ReadInterval]) -> list[tuple[ReadInterval,
     return bad
 
 
-async def group_state(redis: Any, prefix: str, group: str, shards: int) -> dict[int, dict[str, Any]]:
+async def group_state(
+    redis: Any, prefix: str, group: str, shards: int
+) -> dict[int, dict[str, Any]]:
     """XINFO GROUPS of ``group`` on every shard stream."""
     state = {}
     for shard in range(shards):
@@ -292,9 +302,7 @@ async def group_state(redis: Any, prefix: str, group: str, shards: int) -> dict[
 
 async def all_acked(redis: Any, prefix: str, group: str, shards: int) -> bool:
     state = await group_state(redis, prefix, group, shards)
-    return len(state) == shards and all(
-        s["pending"] == 0 and s["lag"] == 0 for s in state.values()
-    )
+    return len(state) == shards and all(s["pending"] == 0 and s["lag"] == 0 for s in state.values())
 
 
 # -- in-process apps -------------------------------------------------------------------
@@ -327,7 +335,9 @@ class MemoryRecorder:
         return self.reads + self.open_reads()
 
 
-def in_process_settings(coordinator: CoordinatorProcess, target: RedisTarget, base: str) -> dict[str, Any]:
+def in_process_settings(
+    coordinator: CoordinatorProcess, target: RedisTarget, base: str
+) -> dict[str, Any]:
     """``StreamKit(**...)`` keyword overrides for an app inside the test process."""
     user, password = coordinator.admin_auth
     return {

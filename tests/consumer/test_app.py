@@ -33,7 +33,10 @@ async def test_unknown_group_fails_at_start(
         del settings["coordinator_username"], settings["coordinator_password"]
     app = StreamKit(**settings)
     app.add_listener("nowhere", "nobody", handler, concurrency=2)
-    with anyio.fail_after(5), pytest.raises(GroupNotFoundError, match="'nobody' on stream 'nowhere'"):
+    with (
+        anyio.fail_after(5),
+        pytest.raises(GroupNotFoundError, match="'nobody' on stream 'nowhere'"),
+    ):
         await app.serve()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from streamkit.poller import FairGate
@@ -19,7 +20,7 @@ async def test_shards_take_turns_when_tokens_are_scarce() -> None:
         for _ in range(10):
             granted = await gate.acquire(10)
             order.append(shard)
-            await anyio.sleep(0)  # "handle the batch"
+            await anyio.lowlevel.checkpoint()  # "handle the batch"
             gate.release(granted)
 
     async with anyio.create_task_group() as tg:

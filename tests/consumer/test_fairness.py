@@ -40,7 +40,9 @@ async def test_backlogged_shards_get_equal_turns(
         await pipe.execute()
 
     delivered: Counter[int] = Counter()
-    app = StreamKit(read_observer=MemoryRecorder(), **in_process_settings(coordinator, any_redis, "fair"))
+    app = StreamKit(
+        read_observer=MemoryRecorder(), **in_process_settings(coordinator, any_redis, "fair")
+    )
 
     @app.stream_listener(
         stream_prefix=prefix, group=group, batch_size=10, max_in_flight=max_in_flight
@@ -56,6 +58,14 @@ async def test_backlogged_shards_get_equal_turns(
             delivered.clear()
             await anyio.sleep(1.0)
             counts = [delivered[shard] for shard in range(SHARDS)]
+            await anyio.sleep(0.3)  # one more heartbeat carries the latest report
+            # The heartbeats report capacity and per-shard progress.
+            (member,) = (await admin.members(prefix, group)).members
+            assert member.model_extra is not None
+            assert member.model_extra["runtimeMaxConcurrency"] == max_in_flight
+            progress = (await admin.consumption(prefix, group)).progress
+            assert sorted(p.shard.shard_index for p in progress if p.shard) == list(range(SHARDS))
+            assert all(p.last_delivered_id and p.last_acked_id for p in progress), progress
     assert sum(counts) < SHARDS * BACKLOG, "the backlog ran out: the run proves nothing"
     assert min(counts) > 0, counts
     assert max(counts) < 2 * min(counts), counts

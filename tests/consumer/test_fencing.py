@@ -122,9 +122,7 @@ async def test_slow_drain_gets_fenced_then_rejoins(
     assert hooks.revoke_entered_ns is not None and hooks.lost_ns is not None
     for read in recorder.reads:
         if read.reader == "slow-m0" and read.shard in hooks.revoked:
-            assert (
-                read.end_ns <= hooks.revoke_entered_ns or read.start_ns >= hooks.lost_ns
-            ), read
+            assert read.end_ns <= hooks.revoke_entered_ns or read.start_ns >= hooks.lost_ns, read
     assert not overlapping_reads(recorder.all_reads())
     assert published <= handled
 

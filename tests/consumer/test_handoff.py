@@ -50,7 +50,11 @@ async def pending_by_consumer(redis: Any, prefix: str, group: str) -> dict[str, 
 
 
 async def test_two_apps_share_crash_and_rebalance_back(
-    coordinator: CoordinatorProcess, admin: Admin, redis: Any, names: tuple[str, str], app_process: Any
+    coordinator: CoordinatorProcess,
+    admin: Admin,
+    redis: Any,
+    names: tuple[str, str],
+    app_process: Any,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, SHARDS)

@@ -26,10 +26,16 @@ async def handler(msg: Message) -> None:
         ({"stream_prefix": None, "group": "g"}, "stream_prefix must be a non-empty string"),
         ({"stream_prefix": "a{b}", "group": "g"}, "not allowed"),
         ({"stream_prefix": "orders", "group": "bill ing"}, "not allowed"),
-        ({"stream_prefix": "o", "group": "g", "concurrency": 0}, "concurrency must be an integer >= 1"),
+        (
+            {"stream_prefix": "o", "group": "g", "concurrency": 0},
+            "concurrency must be an integer >= 1",
+        ),
         ({"stream_prefix": "o", "group": "g", "concurrency": True}, "concurrency"),
         ({"stream_prefix": "o", "group": "g", "concurrency": 1.5}, "concurrency"),
-        ({"stream_prefix": "o", "group": "g", "batch_size": 0}, "batch_size must be an integer >= 1"),
+        (
+            {"stream_prefix": "o", "group": "g", "batch_size": 0},
+            "batch_size must be an integer >= 1",
+        ),
         ({"stream_prefix": "o", "group": "g", "max_in_flight": 0}, "max_in_flight"),
         ({"stream_prefix": "o", "group": "g", "block_ms": -5}, "block_ms"),
         ({"stream_prefix": "o", "group": "g", "lifecycle": object()}, "ShardLifecycle"),
@@ -60,12 +66,15 @@ def test_one_listener_per_group_per_app(app: StreamKit) -> None:
 
 
 def test_defaults_and_member_ids(app: StreamKit) -> None:
-    returned = app.stream_listener(stream_prefix="orders", group="billing", concurrency=3,
-                                   batch_size=25)(handler)
+    returned = app.stream_listener(
+        stream_prefix="orders", group="billing", concurrency=3, batch_size=25
+    )(handler)
     assert returned is handler  # the decorator leaves the function alone (DI wiring needs it)
     (listener,) = app.listeners
     assert listener.options.max_in_flight == 100
     assert listener.member_ids("pod-1") == ["pod-1-m0", "pod-1-m1", "pod-1-m2"]
+    with pytest.raises(ListenerConfigError, match="member_id_base"):
+        listener.member_ids("pod/1")
 
 
 def test_sync_handlers_are_accepted(app: StreamKit) -> None:
@@ -74,7 +83,7 @@ def test_sync_handlers_are_accepted(app: StreamKit) -> None:
 
     app.stream_listener(stream_prefix="orders", group="billing")(sync_handler)
     (listener,) = app.listeners
-    adapted = listener.async_handler()
+    adapted: object = listener.async_handler()
     assert adapted is not None and adapted is not sync_handler
 
 

@@ -59,9 +59,7 @@ async def test_ack_ack_del_nack_and_failures(
     with anyio.fail_after(20):
         async with serving(app):
             await eventually(lambda: any(c[1] == after for c in calls), 10, "the last entry")
-            await eventually(
-                lambda: ("nack", nacked, True) in calls, 10, "the nacked entry again"
-            )
+            await eventually(lambda: ("nack", nacked, True) in calls, 10, "the nacked entry again")
             await eventually(
                 lambda: _pending(redis, key, group, 1), 5, "only the failed entry pending"
             )

@@ -22,7 +22,11 @@ MEMBER_LEASE_TTL_MS = 1_500
 
 
 async def test_sigterm_drains_acks_and_leaves(
-    coordinator: CoordinatorProcess, admin: Admin, redis: Any, names: tuple[str, str], app_process: Any
+    coordinator: CoordinatorProcess,
+    admin: Admin,
+    redis: Any,
+    names: tuple[str, str],
+    app_process: Any,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, SHARDS)
@@ -40,7 +44,7 @@ async def test_sigterm_drains_acks_and_leaves(
             published.add(f"{key}/{(await redis.xadd(key, {'n': str(i)})).decode()}")
         await anyio.sleep(0.3)  # A is busy with its shards now
 
-        assert await a.terminate(timeout=10) == 0, a.logs()
+        assert await a.terminate(within=10) == 0, a.logs()
         exited = time.monotonic()
         await eventually(lambda: settled(B), 5, "B holding every shard")
         handover_ms = (time.monotonic() - exited) * 1000

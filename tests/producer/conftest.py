@@ -1,9 +1,10 @@
 """Producer test helpers: a controllable clock, group setup and routing edits.
 
 Everything runs against real redis-server processes and real coordinator
-subprocesses. Where the coordinator has no endpoint for a change a test needs
-(a metadata rollback; a reshard while the scale endpoint is not there), the
-test edits the group's metadata hash in Redis exactly as the coordinator would
+subprocesses. ``test_resharding`` changes routing through the coordinator's
+scale endpoint. Where a test needs a change no endpoint makes (a metadata
+rollback: Redis losing writes), or one exact version step with nothing else
+moving, it edits the group's metadata hash in Redis as the coordinator would
 have committed it; the coordinator then serves the edited metadata over HTTP.
 """
 
@@ -125,6 +126,8 @@ class Stack:
         )
         if shard_count is not None:
             aggregate["shardCount"] = shard_count
+            if "layout" in aggregate:  # routing index -> physical shard: identity here
+                aggregate["layout"] = list(range(shard_count))
         aggregate["updatedAtMs"] = int(time.time() * 1000)
         await self.redis.hset(
             key,

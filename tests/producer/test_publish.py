@@ -9,7 +9,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from streamkit.producer import PublishBatchError, PublishResult, StaleRouteError
+from streamkit.producer import PublishBatchError, PublishResult, StaleRouteError, publish_result
 from streamkit.routing import shard_for_key, stream_key
 
 from .conftest import Stack
@@ -162,3 +162,25 @@ async def test_maxlen_trims_approximately(stack: Stack) -> None:
     length = await stack.redis.xlen(stack.key(shard_for_key(key, 2)))
     # "~": Redis trims whole macro nodes (100 entries by default), never below 50.
     assert 50 <= length <= 250
+
+
+async def test_publish_result_decorator(stack: Stack) -> None:
+    await stack.create_group(4)
+    pub = stack.publisher()
+
+    @publish_result(pub, key=lambda order: order.order_id)
+    async def handle(order_id: str, amount: float | None) -> Order | None:
+        return None if amount is None else Order(order_id=order_id, amount=amount)
+
+    @publish_result(pub, key=lambda fields: str(fields["id"]), as_fields=True)
+    async def as_fields(i: int) -> dict[str, str | int]:
+        return {"id": f"x{i}", "n": i}
+
+    assert await handle("o-9", 3.0) == Order(order_id="o-9", amount=3.0)
+    assert await handle("o-9", None) is None  # nothing to publish
+    assert await as_fields(7) == {"id": "x7", "n": 7}
+    assert pub.published == 2
+    ((_, data),) = await stack.redis.xrange(stack.key(shard_for_key("o-9", 4)))
+    assert json.loads(data[b"payload"]) == {"order_id": "o-9", "amount": 3.0}
+    ((_, data),) = await stack.redis.xrange(stack.key(shard_for_key("x7", 4)))
+    assert data == {b"id": b"x7", b"n": b"7"}

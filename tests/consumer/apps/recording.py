@@ -21,7 +21,7 @@ PID = os.getpid()
 
 class FileRecorder:
     def __init__(self, path: str) -> None:
-        self._file = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the app
+        self._file = open(path, "a", buffering=1)
 
     def read_started(self, shard: int, member_id: str, epoch: int) -> None:
         self._file.write(f"B {shard} {member_id} {epoch} {PID} {time.monotonic_ns()}\n")

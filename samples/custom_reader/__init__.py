@@ -1,0 +1,1 @@
+"""Bring your own reader: a ShardLifecycle that reads its shards itself."""

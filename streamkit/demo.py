@@ -1,0 +1,446 @@
+"""``streamkit demo``: the whole system on one machine, in about a minute.
+
+It starts a private ``redis-server`` (unless ``--redis-url`` names one), a
+coordinator, the ``orders`` stream with 8 shards, two consumer processes
+running ``samples.orders.app`` (concurrency 2 each) and a publisher; shows the
+shards, owners and lag live; scales to 12 shards partway and kills one
+consumer process, so rebalancing, pending-entry claiming and resharding
+happen in front of you; then drains, prints a summary and cleans up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+
+from streamkit.connections import AsyncRedis, connect_redis
+from streamkit.coordinator_client import CoordinatorClient
+from streamkit.producer import Publisher
+from streamkit.routing_cache import RoutingUnavailable
+from streamkit.settings import StreamKitSettings
+from streamkit.testing.coordinator import CoordinatorProcess
+from streamkit.testing.redis_server import RedisServer
+
+API = "/coord/v1"
+ORDERS, BILLING = "orders", "billing"
+INVOICES, ACCOUNTING = "invoices", "accounting"
+BILLED, DELIVERIES = "samples:orders:billed", "samples:orders:deliveries"
+SAMPLE_APP = "samples.orders.app:app"
+# Short timings so a newcomer sees a rebalance within seconds; production
+# defaults are 3 s heartbeats and a 15 s member lease.
+HEARTBEAT_MS, LEASE_MS, ROUTING_LEASE_S = 500, 3_000, 2.0
+
+
+@dataclass
+class DemoOptions:
+    duration: float = 60.0
+    redis_url: str | None = None
+    redis_cluster: bool = False
+    shards: int = 8
+    scale_to: int = 12
+    rate: float = 400.0
+
+
+@dataclass
+class Summary:
+    published: int = 0
+    billed: int = 0
+    deliveries: int = 0
+    publish_retries: int = 0
+
+    @property
+    def duplicates(self) -> int:
+        return self.deliveries - self.billed
+
+    @property
+    def lost(self) -> int:
+        return self.published - self.billed
+
+
+@dataclass
+class _State:
+    started: float = field(default_factory=time.monotonic)
+    events: list[str] = field(default_factory=list)
+    group: dict[str, Any] = field(default_factory=dict)
+    members: list[dict[str, Any]] = field(default_factory=list)
+    shards: list[dict[str, Any]] = field(default_factory=list)
+    consumed: dict[int, int] = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)
+    summary: Summary = field(default_factory=Summary)
+    migrating: bool = False
+
+    def event(self, text: str) -> None:
+        self.events.append(f"{time.monotonic() - self.started:5.1f}s  {text}")
+
+
+def repo_root() -> Path:
+    """The checkout holding ``samples/`` (the demo runs the sample app)."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "samples" / "orders" / "app.py").exists():
+        raise SystemExit(
+            "streamkit demo runs samples/orders from a source checkout; "
+            "install with `pip install -e .` from the repository"
+        )
+    return root
+
+
+def run(options: DemoOptions, console: Console | None = None) -> int:
+    """Run the demo; returns the process exit code (0 when nothing was lost)."""
+    console = console or Console()
+    root = repo_root()
+    with contextlib.ExitStack() as stack:
+        redis_url, cluster = options.redis_url, options.redis_cluster
+        if redis_url is None:
+            console.print("[bold]starting a private redis-server[/] (embedded default)")
+            redis_url = stack.enter_context(RedisServer()).url
+        password = secrets.token_urlsafe(12)
+        console.print("[bold]starting the coordinator[/]")
+        coordinator = stack.enter_context(
+            CoordinatorProcess(
+                redis_url,
+                cluster=cluster,
+                admin_password=password,
+                heartbeat_interval_ms=HEARTBEAT_MS,
+                member_lease_ttl_ms=LEASE_MS,
+                rebalance_timeout_ms=10_000,
+                tick_interval_ms=200,
+                env={
+                    "STREAMKIT_SERVER_PRODUCER_ROUTING_LEASE_MS": str(int(ROUTING_LEASE_S * 1000))
+                },
+            )
+        )
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamkit-demo-")))
+        env = _client_env(coordinator, redis_url, cluster)
+        try:
+            summary = anyio.run(_main, options, coordinator, env, root, logs, console)
+        except KeyboardInterrupt:
+            console.print("\n[yellow]interrupted: cleaning up[/]")
+            return 130
+    _print_summary(console, summary, options)
+    return 0 if summary.lost == 0 else 1
+
+
+def _client_env(coordinator: CoordinatorProcess, redis_url: str, cluster: bool) -> dict[str, str]:
+    user, password = coordinator.admin_auth
+    return {
+        "STREAMKIT_COORDINATOR_URL": coordinator.url,
+        "STREAMKIT_COORDINATOR_USERNAME": user,
+        "STREAMKIT_COORDINATOR_PASSWORD": password,
+        "STREAMKIT_REDIS_URL": redis_url,
+        "STREAMKIT_REDIS_CLUSTER": "true" if cluster else "false",
+        "STREAMKIT_ROUTING_REFRESH_INTERVAL": "0.5",
+        "STREAMKIT_ROUTING_LEASE": str(ROUTING_LEASE_S),
+    }
+
+
+@contextlib.contextmanager
+def _consumer(
+    name: str, env: dict[str, str], root: Path, logs: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    child_env = {**os.environ, **env, "STREAMKIT_MEMBER_ID_BASE": name}
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(root), os.environ.get("PYTHONPATH")])
+    )
+    with open(logs / f"{name}.log", "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamkit", "run", SAMPLE_APP, "--log-level", "warning"],
+            cwd=root,
+            env=child_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches the demo only; it stops these itself
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def _main(
+    options: DemoOptions,
+    coordinator: CoordinatorProcess,
+    env: dict[str, str],
+    root: Path,
+    logs: Path,
+    console: Console,
+) -> Summary:
+    state = _State()
+    auth = coordinator.admin_auth
+    async with httpx.AsyncClient(base_url=coordinator.url, auth=auth, timeout=10) as http:
+        for prefix, group, shards in ((ORDERS, BILLING, options.shards), (INVOICES, ACCOUNTING, 4)):
+            body = {"initialShardCount": shards, "requestedBy": "streamkit demo", "reason": "demo"}
+            reply = await http.post(f"{API}/streams/{prefix}/groups/{group}", json=body)
+            if reply.status_code not in (201, 409):
+                raise SystemExit(f"could not create {prefix}/{group}: {reply.text}")
+        state.event(f"created stream {ORDERS} with {options.shards} shards")
+        redis = connect_redis(env["STREAMKIT_REDIS_URL"], cluster=options.redis_cluster)
+        await redis.delete(BILLED)
+        await redis.delete(DELIVERIES)
+        with contextlib.ExitStack() as procs:
+            consumers = {
+                name: procs.enter_context(_consumer(name, env, root, logs))
+                for name in ("consumer-a", "consumer-b")
+            }
+            state.event("started consumer-a and consumer-b (concurrency 2 each)")
+            try:
+                await _run_timeline(options, state, http, redis, env, consumers, console)
+            finally:
+                await redis.aclose()
+    return state.summary
+
+
+async def _run_timeline(
+    options: DemoOptions,
+    state: _State,
+    http: httpx.AsyncClient,
+    redis: AsyncRedis,
+    env: dict[str, str],
+    consumers: dict[str, subprocess.Popen[bytes]],
+    console: Console,
+) -> None:
+    settings = StreamKitSettings(
+        coordinator_url=env["STREAMKIT_COORDINATOR_URL"],
+        redis_url=env["STREAMKIT_REDIS_URL"],
+        redis_cluster=options.redis_cluster,
+        routing_refresh_interval=0.5,
+        routing_lease=ROUTING_LEASE_S,
+    )
+    coordinator_client = CoordinatorClient(
+        env["STREAMKIT_COORDINATOR_URL"],
+        username=env["STREAMKIT_COORDINATOR_USERNAME"],
+        password=env["STREAMKIT_COORDINATOR_PASSWORD"],
+    )
+    publisher = Publisher(
+        ORDERS, BILLING, settings=settings, coordinator=coordinator_client, redis=redis
+    )
+    publish_until = state.started + options.duration * 0.8
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_publish, publisher, options, state, publish_until)
+        tg.start_soon(_script, options, state, http, consumers)
+        await _watch(options, state, http, redis, console, publish_until)
+        tg.cancel_scope.cancel()
+    await publisher.aclose()
+    await coordinator_client.aclose()
+
+
+async def _publish(publisher: Publisher, options: DemoOptions, state: _State, until: float) -> None:
+    sequence = 0
+    tick = 0.05
+    per_tick = max(1, round(options.rate * tick))
+    while time.monotonic() < until:
+        batch = [
+            (
+                f"order-{sequence + i}",
+                {"orderId": f"order-{sequence + i}", "amount": f"{(sequence + i) % 97}.00"},
+            )
+            for i in range(per_tick)
+        ]
+        try:
+            await publisher.publish_many(batch)
+        except (RoutingUnavailable, OSError, ConnectionError) as exc:
+            # At-least-once: the same order ids are sent again next tick.
+            state.summary.publish_retries += 1
+            state.event(f"publish retried: {type(exc).__name__}")
+            await anyio.sleep(tick)
+            continue
+        sequence += per_tick
+        state.summary.published = sequence
+        await anyio.sleep(tick)
+
+
+async def _script(
+    options: DemoOptions,
+    state: _State,
+    http: httpx.AsyncClient,
+    consumers: dict[str, subprocess.Popen[bytes]],
+) -> None:
+    await anyio.sleep(options.duration * 0.3)
+    body = {"targetShardCount": options.scale_to, "requestedBy": "streamkit demo", "reason": "demo"}
+    reply = await http.post(f"{API}/streams/{ORDERS}/scale", json=body)
+    if reply.status_code == 202:
+        state.event(f"scaling {ORDERS} from {options.shards} to {options.scale_to} shards")
+    else:
+        state.event(f"scale request answered {reply.status_code}: {reply.text[:120]}")
+    await anyio.sleep(options.duration * 0.25)
+    consumers["consumer-b"].kill()
+    state.event("killed consumer-b (SIGKILL): its shards move once its lease runs out")
+
+
+async def _watch(
+    options: DemoOptions,
+    state: _State,
+    http: httpx.AsyncClient,
+    redis: AsyncRedis,
+    console: Console,
+    publish_until: float,
+) -> None:
+    deadline = state.started + options.duration
+    drain_deadline = deadline + 30
+    interactive = console.is_terminal
+    last_print = 0.0
+    with (
+        Live(_render(state, options), console=console, refresh_per_second=4, transient=False)
+        if interactive
+        else contextlib.nullcontext() as live
+    ):
+        while True:
+            await _refresh(state, http, redis)
+            now = time.monotonic()
+            if live is not None:
+                live.update(_render(state, options))
+            elif now - last_print >= 5:
+                last_print = now
+                console.print(_status_line(state))
+            drained = now > publish_until and _drained(state)
+            if (now >= deadline and drained) or now >= drain_deadline:
+                break
+            await anyio.sleep(0.5)
+    state.summary.billed = int(await redis.scard(BILLED))
+    state.summary.deliveries = int(await redis.get(DELIVERIES) or 0)
+
+
+async def _refresh(state: _State, http: httpx.AsyncClient, redis: AsyncRedis) -> None:
+    base = f"{API}/monitoring/streams/{ORDERS}/groups/{BILLING}"
+    try:
+        group, members, offsets = await _gather(
+            http.get(base), http.get(f"{base}/members"), http.get(f"{base}/offsets")
+        )
+    except httpx.HTTPError:
+        return
+    if group.status_code == 200:
+        state.group = group.json()
+    if members.status_code == 200:
+        state.members = members.json().get("members", [])
+    if offsets.status_code == 200:
+        shards = offsets.json().get("shards", [])
+        rates: dict[str, float] = {}
+        for shard in shards:
+            index = shard["shard"]["shardIndex"]
+            lag = shard.get("lag")
+            consumed = shard.get("streamLength", 0) - (lag or 0) - shard.get("pendingCount", 0)
+            delta = consumed - state.consumed.get(index, consumed)
+            state.consumed[index] = consumed
+            for owner in shard.get("ownerMemberIds") or []:
+                rates[owner] = rates.get(owner, 0.0) + max(0, delta) / 0.5
+        state.shards = shards
+        state.rates = rates
+    migration: dict[str, Any] | None = state.group.get("activeMigration")
+    if migration is None and state.migrating:
+        state.migrating = False
+        state.event(f"migration done: {state.group.get('shardCount')} shards, old layout retired")
+    if migration:
+        state.migrating = True
+        key = f"migration {migration['state']}"
+        if not any(key in event for event in state.events[-3:]):
+            change = f"{migration['fromShardCount']} -> {migration['toShardCount']} shards"
+            state.event(f"{key} ({change})")
+
+
+async def _gather(*calls: Any) -> list[httpx.Response]:
+    results: list[httpx.Response] = [None] * len(calls)  # type: ignore[list-item]
+
+    async def one(i: int, call: Any) -> None:
+        results[i] = await call
+
+    async with anyio.create_task_group() as tg:
+        for i, call in enumerate(calls):
+            tg.start_soon(one, i, call)
+    return results
+
+
+def _drained(state: _State) -> bool:
+    return bool(state.shards) and all(
+        s.get("lag") == 0 and s.get("pendingCount", 0) == 0 for s in state.shards
+    )
+
+
+def _render(state: _State, options: DemoOptions) -> Group:
+    elapsed = time.monotonic() - state.started
+    g = state.group
+    head = (
+        f"[bold]{ORDERS}/{BILLING}[/]  {elapsed:5.1f}s / {options.duration:.0f}s   "
+        f"published {state.summary.published}   shards {g.get('shardCount', '?')}   "
+        f"groupEpoch {g.get('groupEpoch', '?')}   "
+        f"assignmentEpoch {g.get('assignmentEpoch', '?')}   "
+        f"metadataVersion {g.get('metadataVersion', '?')}   state {g.get('state', '?')}"
+    )
+    shards = Table(title="shards", expand=True)
+    for column in ("shard", "stream key", "owner", "length", "lag", "pending"):
+        shards.add_column(
+            column, justify="right" if column in ("length", "lag", "pending") else "left"
+        )
+    for shard in state.shards:
+        owners = ", ".join(shard.get("ownerMemberIds") or []) or "-"
+        lag = shard.get("lag")
+        shards.add_row(
+            str(shard["shard"]["shardIndex"]),
+            shard.get("streamKey", ""),
+            owners,
+            str(shard.get("streamLength", 0)),
+            "?" if lag is None else str(lag),
+            str(shard.get("pendingCount", 0)),
+        )
+    members = Table(title="members", expand=True)
+    for column in ("member", "state", "epoch", "shards", "msgs/s"):
+        members.add_column(column)
+    for member in state.members:
+        mid = member.get("memberId", "")
+        members.add_row(
+            mid,
+            str(member.get("state", "")),
+            str(member.get("memberEpoch", "")),
+            ",".join(str(s["shardIndex"]) for s in member.get("currentAssignment", [])),
+            f"{state.rates.get(mid, 0.0):.0f}",
+        )
+    events = "\n".join(state.events[-6:]) or "-"
+    return Group(Panel(head), shards, members, Panel(events, title="events"))
+
+
+def _status_line(state: _State) -> str:
+    g = state.group
+    owners = sum(1 for s in state.shards if s.get("ownerMemberIds"))
+    last = state.events[-1] if state.events else ""
+    return (
+        f"{time.monotonic() - state.started:5.1f}s published={state.summary.published} "
+        f"shards={g.get('shardCount', '?')} owned={owners} members={len(state.members)} "
+        f"assignmentEpoch={g.get('assignmentEpoch', '?')} | {last}"
+    )
+
+
+def _print_summary(console: Console, summary: Summary, options: DemoOptions) -> None:
+    table = Table(title="streamkit demo summary")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row("published", str(summary.published))
+    table.add_row("acked (unique orders billed)", str(summary.billed))
+    table.add_row("deliveries", str(summary.deliveries))
+    table.add_row("duplicates (redeliveries)", str(summary.duplicates))
+    table.add_row("lost", str(summary.lost))
+    console.print(table)
+    console.print(
+        f"published={summary.published} acked={summary.billed} "
+        f"duplicates={summary.duplicates} lost={summary.lost}"
+    )
