@@ -45,7 +45,8 @@ def main() -> None:
     print(f"assignor: {members} members x {shards} shards (median of 15 runs)")
     print(f"  baseline dict build      {baseline:8.2f} ms")
     print(f"  from scratch             {scratch:8.2f} ms  ({scratch / baseline:.1f}x baseline)")
-    print(f"  one member joins         {incremental:8.2f} ms  ({incremental / baseline:.1f}x baseline)")
+    ratio = incremental / baseline
+    print(f"  one member joins         {incremental:8.2f} ms  ({ratio:.1f}x baseline)")
     print(f"  shards moved             {moved} (minimum {minimum})")
 
 

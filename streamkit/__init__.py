@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from streamkit.listener import ListenerConfigError
     from streamkit.message import Message
     from streamkit.producer import Publisher, PublishError, PublishResult
+    from streamkit.routing_cache import RoutingUnavailable
     from streamkit.settings import StreamKitSettings
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "PublishError",
     "PublishResult",
     "Publisher",
+    "RoutingUnavailable",
     "ShardContext",
     "ShardLifecycle",
     "StreamKit",
@@ -64,6 +66,7 @@ _EXPORTS: dict[str, str] = {
     "PublishError": "streamkit.producer",
     "PublishResult": "streamkit.producer",
     "Publisher": "streamkit.producer",
+    "RoutingUnavailable": "streamkit.routing_cache",
     "StreamKitSettings": "streamkit.settings",
 }
 

@@ -205,7 +205,12 @@ async def _supervise(target: str, workers: int, log_level: str) -> int:
 
 @cli.command()
 def demo(
-    duration: Annotated[float, typer.Option(min=5, help="Seconds of publishing.")] = 60.0,
+    duration: Annotated[
+        float,
+        typer.Option(
+            min=5, help="Length of the demo in seconds (publishing stops at 80%, then it drains)."
+        ),
+    ] = 60.0,
     shards: Annotated[int, typer.Option(min=1, help="Initial shards of the stream.")] = 8,
     scale_to: Annotated[int, typer.Option(min=1, help="Shards after the live reshard.")] = 12,
     rate: Annotated[float, typer.Option(min=1, help="Orders published per second.")] = 400.0,

@@ -317,8 +317,18 @@ class MemberRuntime:
     async def _revoke(self, shards: frozenset[int]) -> None:
         if self.poller is not None:
             await self.poller.drain(shards)
-        if self._hooks is not None:
-            await self._call_hook("on_revoked", self._hooks.on_revoked, shards)
+        if self._hooks is not None and not await self._call_hook(
+            "on_revoked", self._hooks.on_revoked, shards
+        ):
+            # A failed on_revoked cannot vouch that nothing is in flight, so the
+            # shards are never reported REVOKED: they stay draining until the
+            # coordinator's rebalance timeout fences this member, which is safe.
+            log.error(
+                "%s: on_revoked failed; shards %s stay draining until the rebalance timeout",
+                self.member_id,
+                sorted(shards),
+            )
+            return
         for shard in shards:
             self.machine.drained(shard)
         log.info("%s: drained shards %s", self.member_id, sorted(shards))
@@ -346,11 +356,14 @@ class MemberRuntime:
         name: str,
         hook: Callable[[frozenset[int], ShardContext], Awaitable[None]],
         shards: frozenset[int],
-    ) -> None:
+    ) -> bool:
+        """Run a lifecycle hook; False (logged) when it raised."""
         try:
             await hook(shards, self.context)
         except Exception:
             log.exception("%s: %s(%s) failed", self.member_id, name, sorted(shards))
+            return False
+        return True
 
     # -- leaving ------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ Run it::
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 import anyio
 
@@ -29,35 +30,48 @@ COUNTS = "samples:audit:counts"
 log = logging.getLogger("samples.custom_reader")
 
 
+@dataclass
+class _ReadLoop:
+    stopped: anyio.Event = field(default_factory=anyio.Event)
+    #: Set when the member lost the shard: stop without acknowledging anything.
+    abandoned: bool = False
+
+
 class AuditReader:
     def __init__(self, batch: int = 100, block_ms: int = 1_000) -> None:
         self.batch = batch
         self.block_ms = block_ms
-        self._stopped: dict[tuple[str, int], anyio.Event] = {}
+        self._loops: dict[tuple[str, int], _ReadLoop] = {}
 
     async def on_assigned(self, shards: frozenset[int], ctx: ShardContext) -> None:
         for shard in shards:
-            stopped = self._stopped[(ctx.member_id, shard)] = anyio.Event()
-            ctx.start_soon(self._read_shard, shard, ctx, stopped)
+            previous = self._loops.get((ctx.member_id, shard))
+            if previous is not None:
+                previous.abandoned = True  # a loop from before a loss: retire it
+            loop = self._loops[(ctx.member_id, shard)] = _ReadLoop()
+            ctx.start_soon(self._read_shard, shard, ctx, loop)
 
     async def on_revoked(self, shards: frozenset[int], ctx: ShardContext) -> None:
+        # Return only once the loops stopped: everything they read is acked.
         for shard in shards:
-            stopped = self._stopped.pop((ctx.member_id, shard), None)
-            if stopped is not None:
-                await stopped.wait()
+            loop = self._loops.pop((ctx.member_id, shard), None)
+            if loop is not None:
+                await loop.stopped.wait()
 
     async def on_lost(self, shards: frozenset[int], ctx: ShardContext) -> None:
-        # Another member may own these shards already: the loops see
-        # may_read() turn false and stop without acknowledging anything more.
+        # Another member may own these shards already: stop touching them,
+        # including entries read a moment ago (they stay pending for the owner).
         for shard in shards:
-            self._stopped.pop((ctx.member_id, shard), None)
+            loop = self._loops.pop((ctx.member_id, shard), None)
+            if loop is not None:
+                loop.abandoned = True
         log.warning("%s lost shards %s", ctx.member_id, sorted(shards))
 
-    async def _read_shard(self, shard: int, ctx: ShardContext, stopped: anyio.Event) -> None:
+    async def _read_shard(self, shard: int, ctx: ShardContext, loop: _ReadLoop) -> None:
         key = ctx.stream_key(shard)
-        start = "0-0"  # first the entries a previous owner left pending
+        start: str | bytes | None = "0-0"  # first what a previous owner left pending
         try:
-            while shard in ctx.owned_shards:
+            while not loop.abandoned and shard in ctx.owned_shards:
                 block = min(self.block_ms, ctx.lease_remaining_ms() - 50)
                 if not ctx.may_read(shard) or block < 10:
                     await anyio.sleep(0.05)  # lease lapsed: wait for a heartbeat
@@ -77,10 +91,10 @@ class AuditReader:
                         block=block,
                     )
                     entries = reply[0][1] if reply else []
-                if entries:
+                if entries and not loop.abandoned:
                     await self._process(ctx, shard, key, [entry_id for entry_id, _ in entries])
         finally:
-            stopped.set()
+            loop.stopped.set()
 
     async def _process(self, ctx: ShardContext, shard: int, key: str, ids: list[bytes]) -> None:
         await ctx.redis.hincrby(COUNTS, str(shard), len(ids))

@@ -99,4 +99,3 @@ async def bill_order(
         await invoices.issue(order_id, msg.fields.get("amount", "0"))
     await orders.mark_billed(order_id)
     await msg.ack()
-

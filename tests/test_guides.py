@@ -1,0 +1,171 @@
+"""The user guides cannot drift from the code.
+
+* every ``STREAMKIT_*`` client setting is in the settings table of
+  ``docs/consumer.md`` with its real default, and nothing else is;
+* every option of ``@app.stream_listener`` is in the consumer guide's options
+  table with its real default;
+* the routing vectors and the routing settings in ``docs/producer.md`` match
+  ``shard_for_key`` and ``StreamKitSettings``;
+* ``docs/getting-started.md`` shows the README's commands exactly.
+
+None of these tests needs Redis.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_core import PydanticUndefined
+
+from streamkit.app import StreamKit
+from streamkit.routing import shard_for_key
+from streamkit.settings import StreamKitSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+CONSUMER = DOCS / "consumer.md"
+PRODUCER = DOCS / "producer.md"
+GETTING_STARTED = DOCS / "getting-started.md"
+README = ROOT / "README.md"
+
+_CLIENT_SETTING = re.compile(r"STREAMKIT_(?!SERVER_)[A-Z0-9_]+")
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of a markdown table row, without surrounding backticks."""
+    inner = line.strip().strip("|")
+    return [cell.strip().strip("`").strip() for cell in re.split(r"(?<!\\)\|", inner)]
+
+
+def _rows(path: Path, first_cell: re.Pattern[str]) -> dict[str, list[str]]:
+    rows: dict[str, list[str]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("|"):
+            continue
+        cells = _cells(line)
+        if cells and first_cell.fullmatch(cells[0]):
+            assert cells[0] not in rows, f"{path.name}: {cells[0]} appears in two table rows"
+            rows[cells[0]] = cells
+    return rows
+
+
+def _env(name: str) -> str:
+    return f"STREAMKIT_{name.upper()}"
+
+
+def _documented_default(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+# -- the consumer guide's settings table ---------------------------------------------------
+
+
+def _settings_rows() -> dict[str, list[str]]:
+    return _rows(CONSUMER, _CLIENT_SETTING)
+
+
+def test_every_client_setting_is_in_the_consumer_guide() -> None:
+    documented = set(_settings_rows())
+    expected = {_env(name) for name in StreamKitSettings.model_fields}
+    missing = sorted(expected - documented)
+    unknown = sorted(documented - expected)
+    assert not missing, f"docs/consumer.md lacks settings {missing}"
+    assert not unknown, f"docs/consumer.md documents settings that do not exist: {unknown}"
+
+
+@pytest.mark.parametrize("name", sorted(StreamKitSettings.model_fields))
+def test_client_setting_row_matches_the_code(name: str) -> None:
+    row = _settings_rows().get(_env(name))
+    if row is None:
+        pytest.fail(f"{_env(name)} is missing from the settings table of docs/consumer.md")
+    assert len(row) == 3, f"row of {_env(name)} should have 3 cells: {row}"
+    _, default, meaning = row
+    assert meaning, f"{_env(name)} has no description"
+    field = StreamKitSettings.model_fields[name]
+    if field.default_factory is not None:
+        assert default, f"{_env(name)}: describe the computed default"
+        return
+    assert field.default is not PydanticUndefined, f"{name} has no default"
+    assert default == _documented_default(field.default), (
+        f"{_env(name)}: docs say default {default!r}, settings.py has {field.default!r}"
+    )
+
+
+# -- the consumer guide's listener options ---------------------------------------------------
+
+_LISTENER_OPTIONS = {
+    name: parameter
+    for name, parameter in inspect.signature(StreamKit.stream_listener).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("stream_prefix", "group")
+}
+
+
+def test_listener_options_are_known() -> None:
+    # Guards the table check below against a signature it cannot see.
+    assert {"concurrency", "batch_size", "ordered", "auto_ack"} <= set(_LISTENER_OPTIONS)
+
+
+@pytest.mark.parametrize("name", sorted(_LISTENER_OPTIONS))
+def test_listener_option_is_documented(name: str) -> None:
+    rows = _rows(CONSUMER, re.compile(re.escape(name)))
+    assert name in rows, f"docs/consumer.md lacks a row for the listener option {name!r}"
+    row = rows[name]
+    assert len(row) == 3 and row[2], f"row of {name!r} should be: option | default | meaning"
+    assert row[1] == repr(_LISTENER_OPTIONS[name].default), (
+        f"{name}: docs say default {row[1]!r}, the code has {_LISTENER_OPTIONS[name].default!r}"
+    )
+
+
+# -- the producer guide ----------------------------------------------------------------------
+
+
+def _vector_rows() -> dict[str, list[str]]:
+    return _rows(PRODUCER, re.compile(r'"[^"]*"'))
+
+
+def test_routing_vectors_match_shard_for_key() -> None:
+    rows = _vector_rows()
+    header = next(
+        _cells(line)
+        for line in PRODUCER.read_text(encoding="utf-8").splitlines()
+        if line.startswith("| partition key |")
+    )
+    counts = [int(cell.split()[0]) for cell in header[1:]]
+    assert counts == [3, 7, 8, 16, 100]
+    assert len(rows) == 6, rows
+    for cell, row in rows.items():
+        key = ast.literal_eval(cell)
+        expected = [shard_for_key(key, n) for n in counts]
+        assert [int(c) for c in row[1:]] == expected, f"vector {cell}: {row[1:]} != {expected}"
+
+
+@pytest.mark.parametrize("name", ["routing_refresh_interval", "routing_lease"])
+def test_routing_settings_in_the_producer_guide(name: str) -> None:
+    row = _rows(PRODUCER, re.compile(re.escape(_env(name)))).get(_env(name))
+    assert row is not None, f"docs/producer.md lacks {_env(name)}"
+    assert row[1] == _documented_default(StreamKitSettings.model_fields[name].default)
+
+
+# -- getting started -----------------------------------------------------------------------
+
+
+def _bash_blocks(path: Path) -> list[str]:
+    text = path.read_text(encoding="utf-8")
+    return re.findall(r"^```bash\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def test_getting_started_shows_the_readme_commands_exactly() -> None:
+    readme = _bash_blocks(README)
+    assert len(readme) >= 2, "README.md should have the setup and the test command"
+    guide = _bash_blocks(GETTING_STARTED)
+    for block in readme:
+        assert block in guide, f"docs/getting-started.md lacks README's command:\n{block}"

@@ -1,0 +1,310 @@
+"""The samples and ``streamkit demo`` run as a newcomer would run them.
+
+Each sample is started with ``python -m streamkit run samples.<name>.app:app``
+as a real subprocess, against the session's standalone redis-server and a real
+coordinator process (``coordinator`` fixture), then stopped with SIGTERM.  The
+demo brings its own Redis and coordinator.  Cluster parity of the runtime is
+covered by the consumer and producer suites, so these run on standalone only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from streamkit import Publisher, StreamKitSettings
+from streamkit.routing import shard_for_key
+from streamkit.testing import RedisTarget, redis_client
+from streamkit.testing.coordinator import CoordinatorProcess
+from streamkit.testing.redis_server import _die_with_parent_hook
+
+REPO = Path(__file__).resolve().parents[1]
+API = "/coord/v1"
+
+pytestmark = pytest.mark.slow
+standalone_only = pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], within: float, what: str, logs: Callable[[], str]
+) -> None:
+    deadline = time.monotonic() + within
+    while not await check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {within:.0f}s waiting for {what}\n{logs()}")
+        await anyio.sleep(0.1)
+
+
+async def create_group(
+    coordinator: CoordinatorProcess, prefix: str, group: str, shards: int
+) -> None:
+    async with httpx.AsyncClient(
+        base_url=coordinator.url, auth=coordinator.admin_auth, timeout=10
+    ) as http:
+        reply = await http.post(
+            f"{API}/streams/{prefix}/groups/{group}",
+            json={"initialShardCount": shards, "requestedBy": "tests", "reason": "samples"},
+        )
+    assert reply.status_code == 201, reply.text
+
+
+async def members(coordinator: CoordinatorProcess, prefix: str, group: str) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(
+        base_url=coordinator.url, auth=coordinator.admin_auth, timeout=10
+    ) as http:
+        reply = await http.get(f"{API}/monitoring/streams/{prefix}/groups/{group}/members")
+    reply.raise_for_status()
+    result: list[dict[str, Any]] = reply.json()["members"]
+    return result
+
+
+def client_env(coordinator: CoordinatorProcess, target: RedisTarget, base: str) -> dict[str, str]:
+    """The ``STREAMKIT_*`` variables a sample needs (the getting-started set)."""
+    user, password = coordinator.admin_auth
+    return {
+        "STREAMKIT_COORDINATOR_URL": coordinator.url,
+        "STREAMKIT_COORDINATOR_USERNAME": user,
+        "STREAMKIT_COORDINATOR_PASSWORD": password,
+        "STREAMKIT_REDIS_URL": target.url,
+        "STREAMKIT_MEMBER_ID_BASE": base,
+    }
+
+
+def settings_for(coordinator: CoordinatorProcess, target: RedisTarget) -> StreamKitSettings:
+    user, password = coordinator.admin_auth
+    return StreamKitSettings(
+        coordinator_url=coordinator.url,
+        coordinator_username=user,
+        coordinator_password=password,
+        redis_url=target.url,
+    )
+
+
+class Sample:
+    """``python -m streamkit run <target>`` in the repository, output in a file."""
+
+    def __init__(self, target: str, env: dict[str, str], log_path: Path) -> None:
+        self.target = target
+        self.log_path = log_path
+        child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
+        )
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "streamkit", "run", target],
+                cwd=REPO,
+                env=child_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent_hook(),
+            )
+
+    def logs(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def assert_running(self) -> None:
+        assert self.proc.poll() is None, f"{self.target} exited early:\n{self.logs()}"
+
+    async def terminate(self, within: float = 15.0) -> int:
+        """SIGTERM, then wait for the exit status without blocking the event loop."""
+        self.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + within
+        while self.proc.poll() is None:
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"{self.target} did not exit {within:.0f}s after SIGTERM\n{self.logs()}"
+                )
+            await anyio.sleep(0.05)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@asynccontextmanager
+async def sample(target: str, env: dict[str, str], log_path: Path) -> AsyncIterator[Sample]:
+    proc = Sample(target, env, log_path)
+    try:
+        yield proc
+    finally:
+        proc.kill()  # by pid, only if a failed assertion left it running
+
+
+async def assert_left_gracefully(
+    proc: Sample, coordinator: CoordinatorProcess, prefix: str, group: str, ids: list[str]
+) -> None:
+    proc.assert_running()
+    code = await proc.terminate()
+    logs = proc.logs()
+    assert code == 0, f"exit status {code} after SIGTERM:\n{logs}"
+    assert "SIGTERM: draining and leaving" in logs, logs
+    for member_id in ids:
+        assert f"{member_id}: left the group" in logs, logs
+    # The coordinator saw a leave (epoch -1), not a lease expiry.
+    states = {m["memberId"]: m for m in await members(coordinator, prefix, group)}
+    for member_id in ids:
+        assert states[member_id]["state"] == "LEAVING", states
+        assert states[member_id]["currentAssignment"] == [], states
+
+
+# -- samples/orders ----------------------------------------------------------------------
+
+ORDERS, BILLING, INVOICES, ACCOUNTING = "orders", "billing", "invoices", "accounting"
+BILLED, DELIVERIES = "samples:orders:billed", "samples:orders:deliveries"
+
+
+@standalone_only
+async def test_orders_sample_bills_every_order_once(
+    coordinator: CoordinatorProcess, any_redis: RedisTarget, tmp_path: Path
+) -> None:
+    orders_shards, invoice_shards, count = 4, 2, 300
+    await create_group(coordinator, ORDERS, BILLING, orders_shards)
+    await create_group(coordinator, INVOICES, ACCOUNTING, invoice_shards)
+    base = "samples-orders"
+    env = client_env(coordinator, any_redis, base)
+    redis: Any = redis_client(any_redis)
+    try:
+        async with sample("samples.orders.app:app", env, tmp_path / "orders.log") as proc:
+            order_ids = [f"order-{i}" for i in range(count)]
+            async with Publisher(
+                ORDERS, BILLING, settings=settings_for(coordinator, any_redis)
+            ) as publisher:
+                results = await publisher.publish_many(
+                    (oid, {"orderId": oid, "amount": f"{i % 97}.50"})
+                    for i, oid in enumerate(order_ids)
+                )
+            assert len(results) == count
+
+            async def all_billed() -> bool:
+                proc.assert_running()
+                return int(await redis.scard(BILLED)) >= count
+
+            await eventually(all_billed, 20, f"{count} billed orders", proc.logs)
+            billed = {m.decode() for m in await redis.smembers(BILLED)}
+            assert billed == set(order_ids)  # a set: every order billed exactly once
+            assert int(await redis.get(DELIVERIES)) >= count  # redeliveries allowed
+
+            # One invoice per order, on the shard its order id routes to.
+            invoiced: list[str] = []
+            for shard in range(invoice_shards):
+                for _id, fields in await redis.xrange(f"{INVOICES}:{shard}"):
+                    order_id = fields[b"orderId"].decode()
+                    assert shard_for_key(order_id, invoice_shards) == shard
+                    invoiced.append(order_id)
+            assert set(invoiced) == set(order_ids)
+            assert len(invoiced) >= count
+
+            for shard in range(orders_shards):
+                pending = await redis.xpending(f"{ORDERS}:{shard}", BILLING)
+                assert pending["pending"] == 0, (shard, pending)
+
+            await assert_left_gracefully(
+                proc, coordinator, ORDERS, BILLING, [f"{base}-m0", f"{base}-m1"]
+            )
+    finally:
+        await redis.aclose()
+
+
+# -- samples/custom_reader ---------------------------------------------------------------
+
+AUDIT, AUDITOR, COUNTS = "audit", "auditor", "samples:audit:counts"
+
+
+@standalone_only
+async def test_custom_reader_sample_counts_and_acks_everything(
+    coordinator: CoordinatorProcess, any_redis: RedisTarget, tmp_path: Path
+) -> None:
+    shards, count = 4, 200
+    await create_group(coordinator, AUDIT, AUDITOR, shards)
+    base = "samples-audit"
+    redis: Any = redis_client(any_redis)
+    try:
+        async with sample(
+            "samples.custom_reader.app:app",
+            client_env(coordinator, any_redis, base),
+            tmp_path / "audit.log",
+        ) as proc:
+            for i in range(count):
+                await redis.xadd(f"{AUDIT}:{i % shards}", {"event": f"e{i}"}, nomkstream=True)
+
+            async def counted_and_acked() -> bool:
+                proc.assert_running()
+                counts = await redis.hvals(COUNTS)
+                if sum(int(c) for c in counts) < count:
+                    return False
+                for shard in range(shards):
+                    if (await redis.xpending(f"{AUDIT}:{shard}", AUDITOR))["pending"]:
+                        return False
+                return True
+
+            await eventually(counted_and_acked, 20, f"{count} audited entries", proc.logs)
+            counts = {int(k): int(v) for k, v in (await redis.hgetall(COUNTS)).items()}
+            assert counts == {shard: count // shards for shard in range(shards)}
+
+            await assert_left_gracefully(
+                proc, coordinator, AUDIT, AUDITOR, [f"{base}-m0", f"{base}-m1"]
+            )
+    finally:
+        await redis.aclose()
+
+
+# -- streamkit demo ----------------------------------------------------------------------
+
+_SUMMARY = re.compile(
+    r"published=(?P<published>\d+) acked=(?P<acked>\d+) "
+    r"duplicates=(?P<duplicates>-?\d+) lost=(?P<lost>-?\d+)"
+)
+
+
+@pytest.mark.redis  # starts its own private redis-server and coordinator
+def test_demo_runs_and_loses_nothing() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamkit", "demo", "--duration", "10"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=75)
+    except subprocess.TimeoutExpired:
+        # SIGINT lets the demo stop its consumers, coordinator and Redis.
+        proc.send_signal(signal.SIGINT)
+        try:
+            output, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+        pytest.fail(f"streamkit demo --duration 10 did not finish:\n{output}")
+    assert proc.returncode == 0, output
+    last = [line for line in output.splitlines() if line.strip()][-1].strip()
+    match = _SUMMARY.fullmatch(last)
+    assert match is not None, f"unexpected last line {last!r}:\n{output}"
+    assert match["lost"] == "0", output
+    assert int(match["published"]) > 0, output
+    assert int(match["acked"]) == int(match["published"]), output
