@@ -29,9 +29,10 @@ __all__ = ["main", "parse_settings", "preflight"]
 
 log = logging.getLogger("streamkit_server")
 
-# XAUTOCLAIM (6.2) is the newest command members need; exclusive XRANGE ids
-# "(" (6.2) and XINFO lag (7.0, optional) are used by monitoring.
-_MIN_REDIS: Final = (6, 2)
+# The drain proof of a scale-in needs the consumer-group ``lag`` that
+# XINFO GROUPS reports from Redis 7.0 on; without it no removed shard could
+# ever be proven drained, so older servers are refused at start-up.
+_MIN_REDIS: Final = (7, 0)
 _REQUIRED_COMMANDS: Final = (
     "XAUTOCLAIM", "XINFO", "XGROUP", "XREADGROUP", "XACK", "XADD", "XRANGE", "XREVRANGE",
     "EVALSHA", "SCRIPT", "HSTRLEN", "MEMORY",

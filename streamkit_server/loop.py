@@ -5,6 +5,10 @@ each group (a parse-cached load, no mutex) and, when ``next_deadline_ms`` says
 something is due, runs ``tick`` as a normal critical section (group mutex +
 revision CAS), so two processes ticking the same group never double-apply:
 the second one finds nothing due after the first one's write.
+
+Then, for every stream with an active migration, it does the Redis work the
+migration waits for (``ReshardingService.advance``: finish provisioning,
+drain probes, retirement) under the stream lock, so one process at a time.
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ import logging
 import time
 
 import anyio
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from streamkit_server.core import next_deadline_ms
+from streamkit_server.errors import ApiError
 from streamkit_server.gate import CoordinatorTerminating
 from streamkit_server.mutex import MutexTimeout
+from streamkit_server.resharding import ReshardingService
 from streamkit_server.service import CoordinatorService, now_ms
 from streamkit_server.store import Loaded, StoreError
 
@@ -30,8 +36,14 @@ _INDEX_REBUILD_S = 60.0
 
 
 class TickLoop:
-    def __init__(self, service: CoordinatorService, interval_ms: int) -> None:
+    def __init__(
+        self,
+        service: CoordinatorService,
+        interval_ms: int,
+        resharding: ReshardingService | None = None,
+    ) -> None:
         self.service = service
+        self.resharding = resharding
         self.interval_s = interval_ms / 1000
         self.last_pass_started: float | None = None
         self.last_error: str | None = None
@@ -61,8 +73,15 @@ class TickLoop:
                 except (RedisError, OSError) as exc:
                     self.last_error = str(exc)
                     log.warning("tick pass failed: %s", exc)
+                except Exception as exc:
+                    # A bug must not stop expiries and migrations for good:
+                    # log it loudly (health shows it) and try again next pass.
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    log.exception("tick pass failed unexpectedly")
                 next_at = max(next_at + self.interval_s, time.monotonic())
-                await anyio.sleep(next_at - time.monotonic())
+                # Clamped: after a pass that overran, the difference is a hair
+                # below zero and anyio.sleep() would raise, ending the loop.
+                await anyio.sleep(max(0.0, next_at - time.monotonic()))
         finally:
             self.running = False
 
@@ -72,14 +91,19 @@ class TickLoop:
         if time.monotonic() - self._last_rebuild > _INDEX_REBUILD_S:
             self._last_rebuild = time.monotonic()
             await store.rebuild_index()
+        streams: dict[str, list[str]] = {}
+        migrating: set[str] = set()
         for prefix, group in await store.indexed_groups():
             if service.gate.terminating:
                 return
             keys = service.keys(prefix, group)
+            streams.setdefault(prefix, []).append(group)
             try:
                 loaded = await store.load(keys)
                 if not isinstance(loaded, Loaded):
                     continue
+                if loaded.group.active_migration() is not None:
+                    migrating.add(prefix)
                 due = next_deadline_ms(loaded.group, service.config)
                 if due is not None and due <= now_ms():
                     async with service.gate.critical():
@@ -88,3 +112,16 @@ class TickLoop:
                 continue  # someone else is in the group's critical section
             except StoreError as exc:
                 log.error("not ticking %s: %s", keys.metadata, exc)
+        if self.resharding is not None:
+            for prefix in sorted(migrating):
+                await self._advance(self.resharding, prefix, streams[prefix])
+            self.resharding.forget_ages(migrating)
+
+    async def _advance(self, resharding: ReshardingService, prefix: str, groups: list[str]) -> None:
+        try:
+            async with self.service.gate.critical():
+                await resharding.advance(prefix, groups)
+        except (ApiError, MutexTimeout, StoreError, ResponseError) as exc:
+            # One stream's trouble (a missing group, a shard key of the wrong
+            # type, metadata to repair) must not stall the others.
+            log.error("resharding of stream %s is stuck: %s", prefix, exc)

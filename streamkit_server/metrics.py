@@ -106,6 +106,27 @@ class Metrics:
             "1 once the process entered terminating mode.",
             registry=r,
         )
+        self.resharding_age_seconds = Gauge(
+            "redis_stream_coord_resharding_active_age_seconds",
+            "Age of the stream's active migration (alert when it exceeds the drain window).",
+            ["stream_prefix"],
+            registry=r,
+        )
+        self.shards_retired = Counter(
+            "redis_stream_coord_shard_retired_total",
+            "Removed shard streams deleted after the Redis-level drain proof.",
+            registry=r,
+        )
+        self.retirements_refused = Counter(
+            "redis_stream_coord_shard_retirement_refused_total",
+            "Retirements refused because the re-check found entries (read again first).",
+            registry=r,
+        )
+        self.provisioning_failures = Counter(
+            "redis_stream_coord_provisioning_failure_total",
+            "Scale requests whose new shard streams could not be provisioned.",
+            registry=r,
+        )
         self.redis_errors = Counter(
             "redis_stream_coord_redis_errors_total",
             "Requests failed because Redis was unreachable or timed out.",

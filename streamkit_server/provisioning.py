@@ -9,7 +9,7 @@ groups) behind, which the retry adopts.  Every step is idempotent.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Final, TypeAlias
 
 import anyio
@@ -104,7 +104,7 @@ class Provisioner:
         self.client = client
         self._script: AsyncScript = client.register_script(_PROVISION)
 
-    async def collisions(self, stream_prefix: str, shard_count: int) -> list[str]:
+    async def collisions(self, stream_prefix: str, shards: Sequence[int]) -> list[str]:
         """Shard keys that hold data we did not create (a non-empty stream or another type).
 
         An existing *empty* stream is what an interrupted create leaves behind,
@@ -123,11 +123,11 @@ class Provisioner:
             elif await self.client.xlen(key) > 0:
                 found.append(f"{key} (non-empty stream)")
 
-        await self._each(shard_count, check)
+        await self._each(shards, check)
         return sorted(found)
 
-    async def provision(self, stream_prefix: str, shard_count: int, group: str | None) -> None:
-        """Make every shard stream exist, with ``group`` created at ``0`` when given.
+    async def provision(self, stream_prefix: str, shards: Sequence[int], group: str | None) -> None:
+        """Make the streams of ``shards`` exist, with ``group`` created at ``0`` when given.
 
         ``0`` rather than ``$``: on a brand-new stream both are the same, and on
         an existing one a new group must not silently skip what producers
@@ -141,10 +141,22 @@ class Provisioner:
                 args=[group or "", "__streamkit_provision__"],
             )
 
-        await self._each(shard_count, one)
+        await self._each(shards, one)
 
-    async def _each(self, shard_count: int, fn: _ShardFn) -> None:
-        for start in range(0, shard_count, _PARALLEL):
+    async def _each(self, shards: Sequence[int], fn: _ShardFn) -> None:
+        # The first failure is raised as itself (not as an ExceptionGroup), so
+        # callers can tell a Redis error from anything else.
+        errors: list[Exception] = []
+
+        async def guarded(shard: int) -> None:
+            try:
+                await fn(shard)
+            except Exception as exc:
+                errors.append(exc)
+
+        for start in range(0, len(shards), _PARALLEL):
             async with anyio.create_task_group() as tg:
-                for index in range(start, min(start + _PARALLEL, shard_count)):
-                    tg.start_soon(fn, index)
+                for shard in shards[start : start + _PARALLEL]:
+                    tg.start_soon(guarded, shard)
+            if errors:
+                raise errors[0]

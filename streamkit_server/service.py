@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Final, Protocol
 
 from streamkit.protocol import (
@@ -56,6 +56,14 @@ from streamkit_server.mutex import MutexTimeout, lock_and_load
 from streamkit_server.provisioning import Provisioner
 from streamkit_server.settings import ServerSettings
 from streamkit_server.store import GroupKeys, Loaded, MetadataStore
+from streamkit_server.streams import (
+    Ordering,
+    StreamLock,
+    StreamRecord,
+    common_layout,
+    read_record,
+    stream_group_names,
+)
 
 __all__ = ["CoordinatorService", "Deletion", "GroupExecutor", "GroupOp", "now_ms"]
 
@@ -306,17 +314,18 @@ class TickOp:
 
 
 class CreateGroupOp:
-    def __init__(self, keys: GroupKeys, shard_count: int) -> None:
+    def __init__(self, keys: GroupKeys, layout: Sequence[int]) -> None:
         self.keys = keys
-        self.shard_count = shard_count
+        self.layout = list(layout)
         self.group: GroupMetadata | None = None
 
     def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
         if group is not None:
             raise group_already_exists(self.keys)
-        self.group = new_group(
-            self.keys.stream_prefix, self.keys.consumer_group, self.shard_count, now
-        )
+        fresh = new_group(self.keys.stream_prefix, self.keys.consumer_group, len(self.layout), now)
+        # The stream's current layout, which after an ordered reshard is not
+        # the identity new_group assumes.
+        self.group = fresh.model_copy(update={"layout": self.layout})
         return self.group
 
 
@@ -402,7 +411,7 @@ class CoordinatorService:
     # -- admin -----------------------------------------------------------------------
 
     async def create_stream(
-        self, stream_prefix: str, request: CreateStreamRequest
+        self, stream_prefix: str, request: CreateStreamRequest, ordering: Ordering | None = None
     ) -> StreamCreateResponse:
         count = request.initial_shard_count or self.settings.default_shard_count
         async with self.gate.critical(), self._stream_lock(stream_prefix):
@@ -410,40 +419,80 @@ class CoordinatorService:
                 raise ApiError(
                     409, "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists"
                 )
-            await self._refuse_collisions(stream_prefix, count)
-            await self.provisioner.provision(stream_prefix, count, None)
+            layout = list(range(count))
+            await self._refuse_collisions(stream_prefix, layout)
+            await self.provisioner.provision(stream_prefix, layout, None)
             await self._write_stream_record(
-                stream_prefix, count, request.requested_by, request.reason
+                stream_prefix,
+                StreamRecord(tuple(layout), ordering or "none"),
+                request.requested_by,
+                request.reason,
             )
         return StreamCreateResponse(
             stream_prefix=stream_prefix, shard_count=count, metadata_version=1
         )
 
-    async def create_group(self, keys: GroupKeys, request: CreateGroupRequest) -> GroupResponse:
+    async def create_group(
+        self, keys: GroupKeys, request: CreateGroupRequest, ordering: Ordering | None = None
+    ) -> GroupResponse:
         prefix = keys.stream_prefix
         async with self.gate.critical(), self._stream_lock(prefix):
-            record = await self.store.read_stream_record(prefix)
-            if record is not None:
-                count = _shard_count(record, prefix)
+            record = await read_record(self.store, prefix)
+            others = await self._stream_groups(prefix, record, exclude=keys.consumer_group)
+            for other in others:
+                active = other.active_migration()
+                if active is not None:
+                    # The new group would miss the migration the others are in.
+                    raise ApiError(
+                        409,
+                        "ACTIVE_MIGRATION_EXISTS",
+                        f"stream {prefix!r} is being resharded ({active.resharding_id}, "
+                        f"{active.state.value}); create the group once it has finished",
+                    )
+            # The groups are the source of truth for the layout; the record
+            # only matters for a stream that has none (yet).
+            current = common_layout(prefix, others)
+            if current is None and record is not None:
+                current = record.layout
+            if current is not None:
                 wanted = request.initial_shard_count
-                if wanted is not None and wanted != count:
+                if wanted is not None and wanted != len(current):
                     raise ApiError(
                         409,
                         "SHARD_COUNT_MISMATCH",
-                        f"stream {prefix!r} has {count} shards; initialShardCount={wanted} "
-                        "does not match (omit it, or scale the stream)",
+                        f"stream {prefix!r} has {len(current)} shards; initialShardCount="
+                        f"{wanted} does not match (omit it, or scale the stream)",
                     )
+                layout = list(current)
             else:
                 count = request.initial_shard_count or self.settings.default_shard_count
-                await self._refuse_collisions(prefix, count)
+                layout = list(range(count))
+                await self._refuse_collisions(prefix, layout)
+            if record is not None and ordering is not None and ordering != record.ordering:
+                raise ApiError(
+                    409,
+                    "ORDERING_MISMATCH",
+                    f"stream {prefix!r} has ordering={record.ordering!r}; the group cannot "
+                    f"ask for {ordering!r} (omit it, or pass it when scaling)",
+                )
             if await self.store.load(keys) is not None:
                 # Checked before provisioning too, so a duplicate create does
                 # not touch Redis; the create CAS below is what decides.
                 raise group_already_exists(keys)
-            await self.provisioner.provision(prefix, count, keys.consumer_group)
+            await self.provisioner.provision(prefix, layout, keys.consumer_group)
+            # The record names the group before its metadata exists, so a
+            # stream-wide change can never miss it (see streams.py).
+            fresh = StreamRecord(
+                tuple(layout),
+                record.ordering if record else ordering or "none",
+                (*(record.groups if record else ()), keys.consumer_group),
+            )
             if record is None:
-                await self._write_stream_record(prefix, count, request.requested_by, request.reason)
-            op = CreateGroupOp(keys, count)
+                await self._write_stream_record(prefix, fresh, request.requested_by, request.reason)
+            else:
+                changed = fresh.layout_fields() if record.layout != fresh.layout else {}
+                await self.store.update_stream_record(prefix, {**changed, **fresh.groups_field()})
+            op = CreateGroupOp(keys, layout)
             self.store.forget(keys)
             await self.executor.submit(keys, op)
             await self.store.add_to_index(keys)
@@ -452,13 +501,20 @@ class CoordinatorService:
 
     async def delete_group(self, keys: GroupKeys, request: DeleteGroupRequest) -> GroupResponse:
         op = DeleteGroupOp(keys, request.force)
-        async with self.gate.critical():
+        prefix = keys.stream_prefix
+        async with self.gate.critical(), self._stream_lock(prefix):
             await self.executor.submit(keys, op)
+            record = await read_record(self.store, prefix)
+            if record is not None and keys.consumer_group in record.groups:
+                rest = tuple(g for g in record.groups if g != keys.consumer_group)
+                await self.store.update_stream_record(
+                    prefix, replace(record, groups=rest).groups_field()
+                )
         assert op.snapshot is not None
         return views.group_response(op.snapshot)
 
-    async def _refuse_collisions(self, stream_prefix: str, count: int) -> None:
-        collisions = await self.provisioner.collisions(stream_prefix, count)
+    async def _refuse_collisions(self, stream_prefix: str, shards: Sequence[int]) -> None:
+        collisions = await self.provisioner.collisions(stream_prefix, shards)
         if collisions:
             shown = ", ".join(collisions[:5]) + (" ..." if len(collisions) > 5 else "")
             raise ApiError(
@@ -469,13 +525,14 @@ class CoordinatorService:
             )
 
     async def _write_stream_record(
-        self, stream_prefix: str, count: int, requested_by: str, reason: str | None
+        self, stream_prefix: str, record: StreamRecord, requested_by: str, reason: str | None
     ) -> None:
         stamp = str(now_ms())
         created = await self.store.create_stream_record(
             stream_prefix,
             {
-                "shardCount": str(count),
+                **record.layout_fields(),
+                **record.groups_field(),
                 "metadataVersion": "1",
                 "schemaVersion": "1",
                 "layoutVersion": "1",
@@ -488,8 +545,22 @@ class CoordinatorService:
         if not created:  # only possible if another writer ignored the stream lock
             raise ApiError(409, "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists")
 
-    def _stream_lock(self, stream_prefix: str) -> _StreamLock:
-        return _StreamLock(self, stream_prefix)
+    async def _stream_groups(
+        self, stream_prefix: str, record: StreamRecord | None, exclude: str
+    ) -> list[GroupMetadata]:
+        groups = []
+        for name in await stream_group_names(self.store, stream_prefix, record):
+            if name == exclude:
+                continue
+            loaded = await self.store.load(self.keys(stream_prefix, name))
+            if isinstance(loaded, Loaded):
+                groups.append(loaded.group)
+        return groups
+
+    def _stream_lock(self, stream_prefix: str) -> StreamLock:
+        return StreamLock(
+            self.store, stream_prefix, self.settings.mutex_ttl_ms, self.settings.mutex_wait_ms
+        )
 
     # -- reads -----------------------------------------------------------------------
 
@@ -507,32 +578,3 @@ class CoordinatorService:
             if isinstance(loaded, Loaded):  # a vanished key is skipped, never rebuilt
                 groups.append(loaded.group)
         return groups
-
-
-class _StreamLock:
-    """Serialises stream-layout creation for one stream prefix across processes."""
-
-    def __init__(self, service: CoordinatorService, stream_prefix: str) -> None:
-        self.service = service
-        self.key = service.store.stream_lock_key(stream_prefix)
-        self.token = service.store.new_token()
-
-    async def __aenter__(self) -> None:
-        settings = self.service.settings
-        deadline = time.monotonic() + settings.mutex_wait_ms / 1000
-        while not await self.service.store.try_lock(self.key, self.token, settings.mutex_ttl_ms):
-            if time.monotonic() > deadline:
-                raise ApiError(503, "COORDINATOR_BUSY", "stream layout is being changed; retry")
-            await asyncio.sleep(0.01)
-
-    async def __aexit__(self, *exc: object) -> None:
-        await _quietly(self.service.store.release(self.key, self.token))
-
-
-def _shard_count(record: dict[str, str], prefix: str) -> int:
-    try:
-        return int(record["shardCount"])
-    except (KeyError, ValueError) as exc:
-        raise ApiError(
-            503, "METADATA_CORRUPT", f"stream layout record of {prefix!r} has no valid shardCount"
-        ) from exc

@@ -7,9 +7,12 @@ Keys (``kp`` = key prefix, default ``redis-stream:coord``):
   ``layoutVersion``, ``updatedAt``.  The source of truth.  No TTL, ever.
 * ``{kp}:{<streamPrefix>:<consumerGroup>}:mutex`` -- the group mutex; the same
   hash tag puts it in the metadata's slot so one Lua script can touch both.
-* ``{kp}:{<streamPrefix>}:stream`` -- hash describing the stream layout
-  (``shardCount`` ...), written by stream/group creation.
-* ``{kp}:{<streamPrefix>}:stream-lock`` -- mutex for creating a stream layout.
+* ``{kp}:{<streamPrefix>}:stream`` -- hash describing the stream
+  (``shardCount``, ``layout``, ``ordering``, ``groups`` ...; see
+  ``streams.StreamRecord``), written by stream/group creation and deletion and
+  by every layout switch.
+* ``{kp}:{<streamPrefix>}:stream-lock`` -- mutex for stream-wide changes
+  (creation, scale, rollback, shard retirement).
 * ``{kp}:groups`` -- set of ``<streamPrefix>\\0<consumerGroup>``: an index for
   listing and ticking, rebuildable by SCAN, never a source of truth.  It lives
   in its own slot, so it is only ever touched by single-key commands.
@@ -104,6 +107,12 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# KEYS: a mutex.  ARGV: token, ttl ms.  Extends the TTL only for its owner.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
 # KEYS: stream layout hash.  ARGV: field/value pairs.  Create only if absent.
 _CREATE_HASH = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -179,6 +188,7 @@ class MetadataStore:
         self._delete: AsyncScript = client.register_script(_DELETE)
         self._release: AsyncScript = client.register_script(_RELEASE)
         self._create_hash: AsyncScript = client.register_script(_CREATE_HASH)
+        self._renew: AsyncScript = client.register_script(_RENEW)
         # Parse cache only: the revision is always read from Redis first and an
         # entry is used only when (revision, updatedAt, aggregate length) all
         # still match what Redis holds.
@@ -266,14 +276,20 @@ class MetadataStore:
         else:
             assert cached is not None
             loaded = cached
-        return self._observe(loaded)
+        return self._observe(loaded, locked=bool(token))
 
-    def _observe(self, loaded: Loaded) -> Loaded:
+    def _observe(self, loaded: Loaded, *, locked: bool) -> Loaded:
         key = loaded.keys.metadata
         lifecycle = loaded.group.created_at_ms
         version = loaded.group.metadata_version
         seen = self._highest.get(key)
         if seen is not None and seen[0] == lifecycle and loaded.revision < seen[1]:
+            # Reported once, to a caller holding the mutex: it opens a
+            # correction round and writes it, and from then on the new, lower
+            # revision line is the one to follow.  A read-only load (tick scan,
+            # monitoring) must not consume the report, or no round would open.
+            if not locked:
+                return loaded
             self.metrics.metadata_regression.inc()
             log.warning(
                 "metadata revision regression for %s: this process saw revision %d, "
@@ -283,8 +299,6 @@ class MetadataStore:
                 seen[1],
                 loaded.revision,
             )
-            # Reported once: the caller opens a correction round and writes it,
-            # and from then on the new, lower revision line is the one to follow.
             self._highest[key] = (lifecycle, loaded.revision, version)
             return dataclasses.replace(loaded, regressed_from_version=max(seen[2], version))
         if seen is None or seen[0] != lifecycle or loaded.revision > seen[1]:
@@ -313,7 +327,7 @@ class MetadataStore:
         revision = int(reply[1])
         written = Loaded(keys, revision, updated_at, len(aggregate.encode()), group)
         self._parsed[keys.metadata] = written
-        self._observe(written)
+        self._observe(written, locked=True)
         return CommitResult(True, revision, written)
 
     async def delete(self, loaded: Loaded, token: str) -> bool:
@@ -344,6 +358,10 @@ class MetadataStore:
     async def release(self, key: str, token: str) -> None:
         await self._release(keys=[key], args=[token])
 
+    async def renew(self, key: str, token: str, ttl_ms: int) -> bool:
+        """Extend a mutex we hold; False when it is no longer ours."""
+        return bool(await self._renew(keys=[key], args=[token, ttl_ms]))
+
     # -- stream layout records -------------------------------------------------
 
     async def read_stream_record(self, stream_prefix: str) -> dict[str, str] | None:
@@ -359,6 +377,17 @@ class MetadataStore:
         return bool(
             await self._create_hash(keys=[self.stream_record_key(stream_prefix)], args=args)
         )
+
+    async def update_stream_record(
+        self, stream_prefix: str, fields: dict[str, str], *, bump: bool = False
+    ) -> None:
+        """Overwrite some fields; ``bump`` the record's ``metadataVersion`` too."""
+        key = self.stream_record_key(stream_prefix)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
+            if bump:
+                pipe.hincrby(key, "metadataVersion", 1)
+            await pipe.execute()
 
     # -- group index -----------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from streamkit.protocol import (
     AssignmentsResponse,
@@ -16,10 +17,10 @@ from streamkit.protocol import (
     GroupResponse,
     MemberView,
     Migration,
-    MigrationsResponse,
     MigrationState,
     ProducerRoutingResponse,
     ProducerRoutingShard,
+    StreamScaleResponse,
     StreamShardOffset,
     StreamShardOffsetsResponse,
     shard_ids,
@@ -34,9 +35,11 @@ __all__ = [
     "group_response",
     "invariant_violations",
     "member_views",
+    "migration",
     "migrations",
     "producer_routing",
     "shard_offsets",
+    "stream_scale",
 ]
 
 _ACTIVE_MIGRATION_STATES = frozenset(
@@ -47,6 +50,32 @@ _ACTIVE_MIGRATION_STATES = frozenset(
 
 def _dt(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def migration(record: MigrationRecord) -> dict[str, Any]:
+    """A ``Migration`` with the progress an operator needs, as wire JSON.
+
+    The contract's ``Migration`` has six properties and allows more; the
+    extra ones say where the migration stands (which shards it added and
+    removed, which are retired) and how it was asked for.
+    """
+    return {
+        **_migration(record).to_wire(),
+        "requestedBy": record.requested_by,
+        "reason": record.reason,
+        "ordering": "key" if record.ordered else "none",
+        "switchedAt": _iso(record.switched_at_ms),
+        "previousLayout": record.previous_layout,
+        "newLayout": record.new_layout,
+        "addedShards": record.added_shards,
+        "removedShards": record.removed_shards,
+        "retiredShards": record.retired_shards,
+    }
+
+
+def _iso(ms: int | None) -> str | None:
+    value = _dt(ms)
+    return None if value is None else value.isoformat().replace("+00:00", "Z")
 
 
 def _migration(record: MigrationRecord) -> Migration:
@@ -134,6 +163,10 @@ def invariant_violations(group: GroupMetadata) -> list[str]:
     """
     problems: list[str] = []
     assignable = set(group.assignable_shards())
+    # A removed shard proven drained stops being assignable while its holder
+    # still has to revoke it: held, not targeted, and expected.
+    active = _active_migration(group)
+    revocable = set(active.removed_shards) if active is not None else set()
     live = set(group.live_member_ids())
     for shard, holder in sorted(group.owners.items()):
         member = group.members.get(holder)
@@ -141,7 +174,7 @@ def invariant_violations(group: GroupMetadata) -> list[str]:
             problems.append(f"shard {shard} is held by unknown member {holder!r}")
         elif not member.live and member.fenced_at_ms is None:
             problems.append(f"shard {shard} is held by member {holder!r} in state {member.state}")
-        if shard not in assignable:
+        if shard not in assignable and (shard not in revocable or group.target.get(shard)):
             problems.append(
                 f"shard {shard} is held by {holder!r} but is not assignable "
                 f"(shardCount={group.shard_count})"
@@ -198,18 +231,43 @@ def consumption(group: GroupMetadata) -> ConsumptionProgressResponse:
     return ConsumptionProgressResponse(progress=rows)
 
 
-def migrations(group: GroupMetadata) -> MigrationsResponse:
+def migrations(group: GroupMetadata) -> dict[str, Any]:
+    """``MigrationsResponse`` as wire JSON, each migration with its progress."""
     active = _active_migration(group)
-    return MigrationsResponse(
-        migrations=[_migration(m) for m in group.migrations],
-        active_resharding_id=active.resharding_id if active is not None else None,
-    )
+    return {
+        "migrations": [migration(m) for m in group.migrations],
+        "activeReshardingId": active.resharding_id if active is not None else None,
+    }
+
+
+def stream_scale(
+    stream_prefix: str, target: int, groups: Mapping[str, GroupMetadata], resharding_id: str
+) -> dict[str, Any]:
+    """``StreamScaleResponse`` as wire JSON (migrations with their progress)."""
+    records = [
+        next(m for m in group.migrations if m.resharding_id == resharding_id)
+        for _, group in sorted(groups.items())
+    ]
+    body = StreamScaleResponse(
+        stream_prefix=stream_prefix,
+        target_shard_count=target,
+        affected_consumer_groups=sorted(groups),
+        migrations=[],
+    ).to_wire()
+    body["migrations"] = [migration(m) for m in records]
+    return body
 
 
 def producer_routing(group: GroupMetadata) -> ProducerRoutingResponse:
+    """Routing index ``i`` goes to physical shard ``layout[i]``.
+
+    ``streamKeyPattern`` stays ``{prefix}:{shardIndex}`` (the contract's
+    shape), which matches only the identity layout; after an ordered reshard
+    the shards have fresh ids, so clients must use each ``streamKey``.
+    """
     shards = []
-    for index in range(group.shard_count):
-        key = stream_key(group.stream_prefix, index)
+    for index, shard in enumerate(group.layout):
+        key = stream_key(group.stream_prefix, shard)
         shards.append(
             ProducerRoutingShard(
                 shard_index=index, stream_key=key, redis_slot=redis_cluster_slot(key)

@@ -216,8 +216,11 @@ class CoordinatorProcess:
                     raise CoordinatorError(
                         f"coordinator exited with status {code} during start-up:\n{logs}"
                     )
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.url}/healthz").status_code == 200:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    reply = client.get(f"{self.url}/healthz")
+                    # Only our own process counts: another coordinator may be
+                    # listening on the port if ours failed to bind it.
+                    if reply.status_code == 200 and reply.json().get("pid") == self._proc.pid:
                         return
                 time.sleep(0.05)
         self._terminate(signal.SIGKILL, 5.0)

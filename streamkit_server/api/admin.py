@@ -15,8 +15,6 @@ from pydantic import BaseModel
 
 from streamkit.protocol import (
     API_PREFIX,
-    CreateGroupRequest,
-    CreateStreamRequest,
     DeleteGroupRequest,
     ErrorResponse,
     GroupResponse,
@@ -24,6 +22,7 @@ from streamkit.protocol import (
     StreamCreateResponse,
 )
 from streamkit_server import views
+from streamkit_server.api.bodies import CreateGroupRequest, CreateStreamRequest
 from streamkit_server.api.deps import group_keys, require, runtime
 from streamkit_server.errors import ApiError
 from streamkit_server.provisioning import validate_stream_prefix
@@ -49,7 +48,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 @asynccontextmanager
-async def _audited(
+async def audited(
     request: Request,
     principal: Principal,
     action: str,
@@ -102,10 +101,10 @@ async def create_stream(
     request: Request, streamPrefix: str, body: CreateStreamRequest, principal: Writer
 ) -> JSONResponse:
     validate_stream_prefix(streamPrefix)
-    async with _audited(
+    async with audited(
         request, principal, "createStream", body, streamPrefix, None, body.reason, 201
     ):
-        result = await runtime(request).service.create_stream(streamPrefix, body)
+        result = await runtime(request).service.create_stream(streamPrefix, body, body.ordering)
     return JSONResponse(result.to_wire(), status_code=201)
 
 
@@ -120,11 +119,11 @@ async def create_stream(
 async def create_group(
     request: Request, keys: Keys, body: CreateGroupRequest, principal: Writer
 ) -> JSONResponse:
-    async with _audited(
+    async with audited(
         request, principal, "createGroup", body, keys.stream_prefix, keys.consumer_group,
         body.reason, 201,
     ):  # fmt: skip
-        result = await runtime(request).service.create_group(keys, body)
+        result = await runtime(request).service.create_group(keys, body, body.ordering)
     return JSONResponse(result.to_wire(), status_code=201)
 
 
@@ -154,7 +153,7 @@ async def get_group(request: Request, keys: Keys, principal: Reader) -> JSONResp
 async def delete_group(
     request: Request, keys: Keys, body: DeleteGroupRequest, principal: Writer
 ) -> JSONResponse:
-    async with _audited(
+    async with audited(
         request, principal, "deleteGroup", body, keys.stream_prefix, keys.consumer_group,
         body.reason,
     ):  # fmt: skip

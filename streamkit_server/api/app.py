@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -11,7 +12,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from streamkit_server.api import admin, auth, members, monitoring
+from streamkit_server.api import admin, auth, members, monitoring, resharding
 from streamkit_server.api.errors import BodyLimitMiddleware, install_error_handlers
 from streamkit_server.api.runtime import Runtime
 from streamkit_server.settings import ServerSettings
@@ -41,7 +42,7 @@ def create_app(settings: ServerSettings, *, admin_password: str, token_secret: b
     app.state.runtime = runtime
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    for module in (auth, admin, members, monitoring):
+    for module in (auth, admin, resharding, members, monitoring):
         app.include_router(module.router)
 
     @app.get("/metrics", include_in_schema=False)
@@ -54,7 +55,11 @@ def create_app(settings: ServerSettings, *, admin_password: str, token_secret: b
         # traffic moves away while in-flight work finishes.
         if runtime.gate.terminating:
             return JSONResponse({"status": "TERMINATING"}, status_code=503)
-        return JSONResponse({"status": "UP", "coordinatorId": runtime.coordinator_id})
+        # The pid lets a supervisor (and the test launcher) tell its own process
+        # from another one that happens to answer on the port.
+        return JSONResponse(
+            {"status": "UP", "coordinatorId": runtime.coordinator_id, "pid": os.getpid()}
+        )
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

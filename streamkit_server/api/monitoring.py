@@ -153,7 +153,7 @@ async def consumption(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
     responses=_NOT_FOUND,
 )
 async def migrations(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
-    return _json(views.migrations(await _group(request, keys)))
+    return JSONResponse(views.migrations(await _group(request, keys)))
 
 
 def _text(value: Any) -> str:
@@ -213,7 +213,9 @@ async def offsets(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
         async with limit:
             return await _shard_facts(client, group, shard)
 
-    facts = await asyncio.gather(*(one(s) for s in group.assignable_shards()))
+    # Every stream the group still has: the layout, removed shards not yet
+    # retired, and (ordered reshard) new shards not yet readable.
+    facts = await asyncio.gather(*(one(s) for s in sorted(group.known_shards())))
     return _json(views.shard_offsets(group, facts))
 
 
@@ -233,10 +235,10 @@ async def messages(
     limit: Annotated[int, Query(ge=1, le=1000)] = 25,
 ) -> JSONResponse:
     group = await _group(request, keys)
-    if shardIndex not in group.assignable_shards():
+    if shardIndex not in group.known_shards():
         raise ApiError(
             404, "SHARD_NOT_FOUND", f"shard {shardIndex} is not a shard of this group "
-            f"(shardCount={group.shard_count})",
+            f"(layout={group.layout}, draining={group.draining_shards})",
         )  # fmt: skip
     if cursor is not None and not _CURSOR.match(cursor):
         raise ApiError(400, "INVALID_CURSOR", "cursor must be a stream record id like 1700000000-0")

@@ -13,10 +13,12 @@ import redis.asyncio
 from redis.exceptions import RedisError
 
 from streamkit.protocol import HealthResponse, HealthStatus
+from streamkit_server.drain import DrainProber
 from streamkit_server.gate import TerminatingGate
 from streamkit_server.loop import TickLoop
 from streamkit_server.metrics import Metrics
 from streamkit_server.provisioning import Provisioner
+from streamkit_server.resharding import ReshardingService
 from streamkit_server.security import Authenticator
 from streamkit_server.service import CoordinatorService
 from streamkit_server.settings import ServerSettings
@@ -52,6 +54,7 @@ class Runtime:
         self.coordinator_id = f"coord-{secrets.token_hex(6)}"
         self._client: RedisClient | None = None
         self._service: CoordinatorService | None = None
+        self._resharding: ReshardingService | None = None
         self.tick_loop: TickLoop | None = None
         self._tick_task: asyncio.Task[None] | None = None
 
@@ -67,17 +70,24 @@ class Runtime:
             raise RuntimeError("the coordinator runtime has not been started")
         return self._service
 
+    @property
+    def resharding(self) -> ReshardingService:
+        if self._resharding is None:
+            raise RuntimeError("the coordinator runtime has not been started")
+        return self._resharding
+
     async def start(self) -> None:
         self._client = make_redis_client(self.settings)
         store = MetadataStore(self._client, self.settings.key_prefix, self.metrics)
         self._service = CoordinatorService(
             store, Provisioner(self._client), self.settings, self.metrics, self.gate
         )
+        self._resharding = ReshardingService(self._service, DrainProber(self._client))
         try:
             await store.rebuild_index()
         except RedisError as exc:  # the tick loop retries it
             log.warning("could not rebuild the group index at start-up: %s", exc)
-        self.tick_loop = TickLoop(self._service, self.settings.tick_interval_ms)
+        self.tick_loop = TickLoop(self._service, self.settings.tick_interval_ms, self._resharding)
         self._tick_task = asyncio.create_task(self.tick_loop.run(), name="streamkit-tick")
 
     def begin_terminating(self) -> None:

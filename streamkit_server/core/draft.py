@@ -112,9 +112,12 @@ class Draft:
 
     def record_liveness(self, member_id: str, request: HeartbeatRequest) -> None:
         capacity = request.runtime_consumer_capacity
-        progress = dict(self.group.members[member_id].progress)
+        # Keep progress only for shards the member still holds, so retired and
+        # handed-over shards do not pile up in the aggregate.
+        held = set(self.group.shards_held_by(member_id))
+        progress = {s: p for s, p in self.group.members[member_id].progress.items() if s in held}
         for report in request.shard_progress:
-            if report.shard is None:
+            if report.shard is None or report.shard.shard_index not in held:
                 continue
             progress[report.shard.shard_index] = ShardProgress(
                 stream_key=report.stream_key,

@@ -27,7 +27,7 @@ shard), so completion waits only for the Redis-level drain proof.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from streamkit.protocol import MigrationState
@@ -71,7 +71,15 @@ def start_resharding(
     requested_by: str | None = None,
     reason: str | None = None,
     ordered: bool = False,
+    avoid: Collection[int] = (),
+    config: CoordinatorConfig | None = None,
 ) -> GroupMetadata:
+    """Record a PREPARING migration to ``target_shard_count`` shards.
+
+    New shards get the lowest numbers that neither this group nor ``avoid``
+    uses: the server passes every shard any group of the stream knows, so all
+    groups of a stream allocate the same numbers.
+    """
     if target_shard_count < 0:
         raise ReshardingRejected(
             "INVALID_TARGET_SHARD_COUNT", "targetShardCount must be 0 or more", 400
@@ -92,10 +100,10 @@ def start_resharding(
     if ordered:
         # Children get shards of their own: none of the parents' streams is
         # reused, so "every parent drained" is a per-stream fact.
-        added = _fresh_shards(group, target_shard_count)
+        added = _fresh_shards(group, target_shard_count, avoid)
         new_layout, removed = added, list(layout)
     elif target_shard_count > group.shard_count:
-        added = _fresh_shards(group, target_shard_count - group.shard_count)
+        added = _fresh_shards(group, target_shard_count - group.shard_count, avoid)
         new_layout, removed = [*layout, *added], []
     else:
         added, new_layout, removed = [], layout[:target_shard_count], layout[target_shard_count:]
@@ -114,7 +122,7 @@ def start_resharding(
         removed_shards=removed,
         ordered=ordered,
     )
-    draft = Draft(group, now_ms, CoordinatorConfig())
+    draft = Draft(group, now_ms, config or CoordinatorConfig())
     draft.group.migrations = [*group.migrations, record]
     draft.dirty = draft.observable = True
     return draft.finish()
@@ -311,10 +319,10 @@ def _switch_layout(draft: Draft, layout: list[int], removed: list[int], held: li
     draft.rebalance()
 
 
-def _fresh_shards(group: GroupMetadata, count: int) -> list[int]:
+def _fresh_shards(group: GroupMetadata, count: int, avoid: Collection[int]) -> list[int]:
     """The lowest shard numbers no stream of the group uses: keeps a plain
     layout the identity ``0..n-1`` that pattern-based clients expect."""
-    taken = group.known_shards()
+    taken = group.known_shards() | set(avoid)
     fresh: list[int] = []
     candidate = 0
     while len(fresh) < count:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from streamkit.protocol import GroupState, HeartbeatStatus, MemberState
+from streamkit.protocol import (
+    GroupState,
+    HeartbeatStatus,
+    MemberState,
+    ShardConsumptionProgress,
+    ShardId,
+)
 from streamkit_server.core import new_group
 
 from .harness import CONFIG, Harness, request
@@ -422,3 +428,14 @@ def test_group_state_goes_reconciling_then_stable() -> None:
     h.beat("b", request("b", b_epoch, version=h.group.metadata_version))
     assert h.group.state is GroupState.STABLE
     assert a.status is OK
+
+
+def test_reported_progress_is_kept_only_for_held_shards() -> None:
+    h, a_epoch, _ = two_members_rebalancing()
+    req = request("a", a_epoch, owned=[0, 1], revoked=[2, 3], version=0)
+    req.shard_progress = [
+        ShardConsumptionProgress(shard=ShardId(shard_index=s), last_acked_id="1-0")
+        for s in (0, 1, 2, 3, 9)
+    ]
+    h.beat("a", req)
+    assert sorted(h.group.members["a"].progress) == [0, 1]

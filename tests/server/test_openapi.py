@@ -30,7 +30,8 @@ IMPLEMENTED = {
     "getMonitoringSession", "getCoordinatorHealth", "getCoordinatorCompatibility",
     "listCoordinatorGroups", "getMonitoringGroup", "listGroupMembers", "getGroupAssignments",
     "getConsumptionProgress", "listReshardingMigrations", "getStreamShardOffsets",
-    "getStreamShardMessages",
+    "getStreamShardMessages", "scaleStreamShards", "startGroupResharding",
+    "getReshardingMigration", "rollbackReshardingMigration",
 }  # fmt: skip
 
 

@@ -1,0 +1,159 @@
+"""Resharding endpoints: scale a stream, read and roll back migrations.
+
+A scale always changes the whole stream (its shard streams are shared by
+every group): ``startGroupResharding`` is the reference's compatibility path
+and does exactly what ``scaleStreamShards`` does, answering with the one
+group's migration.  A rollback likewise applies to every group of the stream.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request
+from fastapi.responses import JSONResponse
+
+from streamkit.protocol import (
+    API_PREFIX,
+    ErrorResponse,
+    Migration,
+    RollbackMigrationRequest,
+    StreamScaleResponse,
+)
+from streamkit_server import views
+from streamkit_server.api.admin import Reader, Writer, audited
+from streamkit_server.api.bodies import ScaleGroupRequest, ScaleStreamRequest
+from streamkit_server.api.deps import group_keys, runtime
+from streamkit_server.provisioning import validate_stream_prefix
+from streamkit_server.resharding import find_migration
+from streamkit_server.store import GroupKeys
+
+router = APIRouter(prefix=API_PREFIX, tags=["Resharding"])
+
+Keys = Annotated[GroupKeys, Depends(group_keys)]
+ReshardingId = Annotated[str, Path(min_length=1, max_length=128)]
+
+_GROUP = "/streams/{streamPrefix}/groups/{consumerGroup}"
+_MIGRATION = f"{_GROUP}/migrations/{{reshardingId}}"
+
+
+def _errors(extra: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    texts = {
+        400: "Invalid request or targetShardCount (INVALID_TARGET_SHARD_COUNT).",
+        401: "Authentication required.",
+        403: "Role missing.",
+        503: "Provisioning failed (REDIS_STREAM_PROVISIONING_FAILED), coordinator busy, "
+        "terminating, or metadata unusable.",
+        **extra,
+    }
+    return {code: {"model": ErrorResponse, "description": text} for code, text in texts.items()}
+
+
+@router.post(
+    "/streams/{streamPrefix}/scale",
+    operation_id="scaleStreamShards",
+    status_code=202,
+    response_model=StreamScaleResponse,
+    responses=_errors(
+        {
+            404: "Stream not found (STREAM_NOT_FOUND).",
+            409: "Active migration (ACTIVE_MIGRATION_EXISTS), no groups, or foreign shard keys.",
+            422: "Shard count unchanged (SHARD_COUNT_UNCHANGED).",
+        }
+    ),
+)
+async def scale_stream(
+    request: Request, streamPrefix: str, body: ScaleStreamRequest, principal: Writer
+) -> JSONResponse:
+    validate_stream_prefix(streamPrefix)
+    async with audited(
+        request, principal, "scaleStream", body, streamPrefix, None, body.reason, 202
+    ):
+        outcome = await runtime(request).resharding.scale(
+            streamPrefix,
+            body.target_shard_count,
+            requested_by=body.requested_by,
+            reason=body.reason,
+            ordering=body.ordering,
+        )
+    return JSONResponse(
+        views.stream_scale(
+            streamPrefix, outcome.target_shard_count, outcome.groups, outcome.resharding_id
+        ),
+        status_code=202,
+    )
+
+
+@router.post(
+    f"{_GROUP}/scale",
+    operation_id="startGroupResharding",
+    status_code=202,
+    response_model=Migration,
+    responses=_errors(
+        {
+            404: "Group not found (GROUP_NOT_FOUND).",
+            409: "Active migration (ACTIVE_MIGRATION_EXISTS) or foreign shard keys.",
+            422: "Shard count unchanged (SHARD_COUNT_UNCHANGED).",
+        }
+    ),
+)
+async def scale_group(
+    request: Request, keys: Keys, body: ScaleGroupRequest, principal: Writer
+) -> JSONResponse:
+    """Compatibility path: scales the whole stream, answers with this group's migration."""
+    async with audited(
+        request, principal, "scaleGroup", body, keys.stream_prefix, keys.consumer_group,
+        body.reason, 202,
+    ):  # fmt: skip
+        outcome = await runtime(request).resharding.scale(
+            keys.stream_prefix,
+            body.target_shard_count,
+            requested_by=body.requested_by,
+            reason=body.reason,
+            ordering=body.ordering,
+            group=keys.consumer_group,
+        )
+    group = outcome.groups[keys.consumer_group]
+    record = find_migration(group, outcome.resharding_id)
+    return JSONResponse(views.migration(record), status_code=202)
+
+
+@router.get(
+    _MIGRATION,
+    operation_id="getReshardingMigration",
+    response_model=Migration,
+    responses=_errors({404: "Group or migration not found (MIGRATION_NOT_FOUND)."}),
+)
+async def get_migration(
+    request: Request, keys: Keys, reshardingId: ReshardingId, principal: Reader
+) -> JSONResponse:
+    group = await runtime(request).service.read_group(keys)
+    return JSONResponse(views.migration(find_migration(group, reshardingId)))
+
+
+@router.post(
+    f"{_MIGRATION}/rollback",
+    operation_id="rollbackReshardingMigration",
+    status_code=202,
+    response_model=Migration,
+    responses=_errors(
+        {
+            404: "Group or migration not found (MIGRATION_NOT_FOUND).",
+            422: "Rollback no longer allowed (ROLLBACK_NOT_ALLOWED): a shard was retired, or "
+            "the migration has ended.",
+        }
+    ),
+)
+async def rollback(
+    request: Request,
+    keys: Keys,
+    reshardingId: ReshardingId,
+    body: RollbackMigrationRequest,
+    principal: Writer,
+) -> JSONResponse:
+    async with audited(
+        request, principal, "rollbackMigration", body, keys.stream_prefix, keys.consumer_group,
+        body.reason, 202,
+    ):  # fmt: skip
+        group = await runtime(request).resharding.rollback(keys, reshardingId)
+    return JSONResponse(views.migration(find_migration(group, reshardingId)), status_code=202)

@@ -1,0 +1,533 @@
+"""Resharding, server side: the I/O around ``core.resharding``.
+
+The shard streams of a prefix are shared by all of its consumer groups, so a
+scale is a stream-wide change: every group of the stream gets a migration
+with the same ``reshardingId`` and they switch, drain and retire together.
+Everything stream-wide runs under the ``StreamLock``; every change to a
+group runs as a normal critical section (group mutex, pure core step,
+revision CAS).
+
+* ``scale``: record PREPARING migrations for every group, provision the new
+  shard streams with the Redis group of every group on each (idempotent),
+  then ``complete_provisioning`` everywhere (routing switches).  A
+  provisioning failure ends every migration with ``fail_provisioning``, so
+  nothing is ever routed to a shard that does not exist.
+* ``rollback``: all groups or none (refused while any of them already
+  retired a shard).
+* ``advance`` (the tick loop, once per stream with an active migration):
+  finish an interrupted PREPARING (provision again, complete), then, once
+  every group's producer routing lease has run out since its switch, probe
+  the removed shards (``drain.DrainProber``, outside any group critical
+  section) and apply the results; retire a shard (re-check and delete, one
+  script) only when it is proven and unheld in every group.  A new
+  coordinator process resumes all of this from Redis.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from redis.exceptions import RedisError
+
+from streamkit.protocol import MigrationState
+from streamkit_server.core import (
+    CoordinatorConfig,
+    GroupMetadata,
+    MigrationRecord,
+    ReshardingRejected,
+    apply_drain_probe,
+    apply_retirement,
+    complete_provisioning,
+    fail_provisioning,
+    pending_work,
+    rollback_resharding,
+    start_resharding,
+)
+from streamkit_server.drain import DrainProber, DrainResult
+from streamkit_server.errors import ApiError
+from streamkit_server.service import CoordinatorService, Deletion, group_not_found, now_ms
+from streamkit_server.store import GroupKeys, Loaded
+from streamkit_server.streams import (
+    Ordering,
+    StreamLock,
+    StreamRecord,
+    common_layout,
+    read_record,
+    stream_group_names,
+)
+
+__all__ = ["MAX_SHARD_COUNT", "ReshardingService", "ScaleOutcome"]
+
+log = logging.getLogger("streamkit_server.resharding")
+
+#: Upper bound of ``targetShardCount`` (the same bound as the default count).
+MAX_SHARD_COUNT: Final = 65_536
+
+_Step = Callable[[GroupMetadata, int], GroupMetadata]
+
+
+class CoreStep:
+    """A ``GroupOp`` applying one pure core function to a group."""
+
+    def __init__(self, keys: GroupKeys, step: _Step) -> None:
+        self.keys = keys
+        self.step = step
+        self.group: GroupMetadata | None = None
+
+    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+        if group is None:
+            raise group_not_found(self.keys)
+        try:
+            self.group = self.step(group, now)
+        except ReshardingRejected as exc:
+            raise ApiError(exc.status_code, exc.error_code, str(exc)) from exc
+        return self.group
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleOutcome:
+    stream_prefix: str
+    target_shard_count: int
+    resharding_id: str
+    #: Every group of the stream, as written after the switch.
+    groups: Mapping[str, GroupMetadata]
+
+
+def find_migration(group: GroupMetadata, resharding_id: str) -> MigrationRecord:
+    for migration in group.migrations:
+        if migration.resharding_id == resharding_id:
+            return migration
+    raise ApiError(
+        404,
+        "MIGRATION_NOT_FOUND",
+        f"group {group.consumer_group!r} of stream {group.stream_prefix!r} has no migration "
+        f"{resharding_id!r}",
+    )
+
+
+def _new_resharding_id() -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return f"rs-{stamp}-{secrets.token_hex(4)}"
+
+
+class ReshardingService:
+    def __init__(self, service: CoordinatorService, prober: DrainProber) -> None:
+        self.service = service
+        self.prober = prober
+        self.config: CoordinatorConfig = service.config
+        # (stream, shard) -> last unproven drain result we logged, so a shard
+        # that stays unproven for minutes is logged once, not on every pass.
+        self._unproven: dict[tuple[str, int], DrainResult] = {}
+        self._aged: set[str] = set()
+
+    # -- admin -----------------------------------------------------------------------
+
+    async def scale(
+        self,
+        stream_prefix: str,
+        target: int,
+        *,
+        requested_by: str,
+        reason: str | None,
+        ordering: Ordering | None = None,
+        group: str | None = None,
+    ) -> ScaleOutcome:
+        """Scale every group of the stream; ``group`` must be one of them when given."""
+        if not 0 <= target <= MAX_SHARD_COUNT:
+            raise ApiError(
+                400,
+                "INVALID_TARGET_SHARD_COUNT",
+                f"targetShardCount must be 0..{MAX_SHARD_COUNT}, got {target}",
+            )
+        service = self.service
+        async with service.gate.critical(), self._lock(stream_prefix) as lock:
+            record = await read_record(service.store, stream_prefix)
+            groups = await self._load(
+                stream_prefix, await stream_group_names(service.store, stream_prefix, record)
+            )
+            if group is not None and group not in groups:
+                raise group_not_found(service.keys(stream_prefix, group))
+            if not groups:
+                if record is None:
+                    raise ApiError(
+                        404, "STREAM_NOT_FOUND", f"stream {stream_prefix!r} does not exist"
+                    )
+                raise ApiError(
+                    409,
+                    "NO_CONSUMER_GROUPS",
+                    f"stream {stream_prefix!r} has no consumer groups, so nothing routes to "
+                    "it; create a group first",
+                )
+            _refuse_active(stream_prefix, groups.values())
+            layout = common_layout(stream_prefix, groups.values())
+            assert layout is not None
+            ordered = (ordering or (record.ordering if record else "none")) == "key"
+            rid = _new_resharding_id()
+            names = sorted(groups)  # those that still exist
+            known = set().union(*(g.known_shards() for g in groups.values()))
+            start = functools.partial(
+                _start, layout=layout, target=target, rid=rid, ordered=ordered,
+                requested_by=requested_by, reason=reason, avoid=frozenset(known),
+                config=service.config,
+            )  # fmt: skip
+            started: list[str] = []
+            try:
+                for name in names:
+                    groups[name] = await self._step(stream_prefix, name, start)
+                    started.append(name)
+                added = _added_shards(stream_prefix, rid, groups.values())
+                collisions = await service.provisioner.collisions(stream_prefix, added)
+                if collisions:
+                    raise ApiError(
+                        409,
+                        "STREAM_KEYS_EXIST",
+                        f"the new shard keys of stream {stream_prefix!r} already hold data "
+                        f"nobody routed there: {', '.join(collisions[:5])}",
+                    )
+                try:
+                    for name in names:
+                        await service.provisioner.provision(stream_prefix, added, name)
+                except (RedisError, OSError) as exc:
+                    service.metrics.provisioning_failures.inc()
+                    raise ApiError(
+                        503,
+                        "REDIS_STREAM_PROVISIONING_FAILED",
+                        f"provisioning the new shard streams {added} of {stream_prefix!r} "
+                        f"failed: {type(exc).__name__}: {exc}",
+                    ) from exc
+                lock.check()
+            except ApiError as exc:
+                raise await self._abandon(stream_prefix, rid, started, exc) from exc
+            for name in names:
+                groups[name] = await self._step(
+                    stream_prefix, name, _bind(complete_provisioning, rid, self.config)
+                )
+            await self._sync_record(stream_prefix, groups, record)
+        log.info(
+            "stream %s: migration %s to %d shards (%s) switched for groups %s",
+            stream_prefix, rid, target, "ordered" if ordered else "unordered", names,
+        )  # fmt: skip
+        return ScaleOutcome(stream_prefix, target, rid, groups)
+
+    async def rollback(self, keys: GroupKeys, resharding_id: str) -> GroupMetadata:
+        """Roll the migration back in every group of the stream, or in none."""
+        prefix = keys.stream_prefix
+        service = self.service
+        async with service.gate.critical(), self._lock(prefix):
+            record = await read_record(service.store, prefix)
+            groups = await self._load(
+                prefix, await stream_group_names(service.store, prefix, record)
+            )
+            mine = groups.get(keys.consumer_group)
+            if mine is None:
+                raise group_not_found(keys)
+            find_migration(mine, resharding_id)
+            parts = sorted(
+                n for n, g in groups.items()
+                if any(m.resharding_id == resharding_id for m in g.migrations)
+            )  # fmt: skip
+            now = now_ms()
+            for name in parts:  # dry run: all or nothing
+                try:
+                    rollback_resharding(groups[name], resharding_id, now, self.config)
+                except ReshardingRejected as exc:
+                    raise ApiError(exc.status_code, exc.error_code, str(exc)) from exc
+            for name in parts:
+                groups[name] = await self._step(
+                    prefix, name, _bind(rollback_resharding, resharding_id, self.config)
+                )
+            await self._sync_record(prefix, groups, record)
+        log.info("stream %s: migration %s rolled back in groups %s", prefix, resharding_id, parts)
+        return groups[keys.consumer_group]
+
+    # -- the tick loop ------------------------------------------------------------------
+
+    async def advance(self, stream_prefix: str, names: Sequence[str]) -> None:
+        """Do the Redis work the stream's active migrations wait for (one pass)."""
+        lock = self._lock(stream_prefix)
+        if not await lock.try_acquire():
+            return  # a scale or rollback is running; next pass
+        try:
+            record = await read_record(self.service.store, stream_prefix)
+            # The record also names groups the index may have lost.
+            names = sorted({*names, *(record.groups if record is not None else ())})
+            groups = await self._load(stream_prefix, names)
+            self._observe_age(stream_prefix, groups.values())
+            active = {
+                m.resharding_id for g in groups.values() if (m := g.active_migration()) is not None
+            }
+            for rid in sorted(active):
+                parts = _participants(groups, rid)
+                await self._finish_provisioning(stream_prefix, rid, parts, sorted(groups), lock)
+                parts = _participants(await self._load(stream_prefix, sorted(parts)), rid)
+                await self._drain(stream_prefix, rid, parts, sorted(groups), lock)
+            await self._sync_record(stream_prefix, await self._load(stream_prefix, names), record)
+        finally:
+            await lock.release()
+
+    async def _finish_provisioning(
+        self,
+        prefix: str,
+        rid: str,
+        parts: Mapping[str, GroupMetadata],
+        names: Sequence[str],
+        lock: StreamLock,
+    ) -> None:
+        preparing = [
+            n for n, g in parts.items() if _active(g, rid).state is MigrationState.PREPARING
+        ]
+        if not preparing:
+            return
+        added = _added_shards(prefix, rid, (parts[n] for n in preparing))
+        log.warning(
+            "stream %s: migration %s was left PREPARING (coordinator restart?); "
+            "provisioning %s again and switching", prefix, rid, added,
+        )  # fmt: skip
+        for name in names:
+            await self.service.provisioner.provision(prefix, added, name)
+        lock.check()
+        for name in preparing:
+            await self._step(prefix, name, _bind(complete_provisioning, rid, self.config))
+
+    async def _drain(
+        self,
+        prefix: str,
+        rid: str,
+        parts: Mapping[str, GroupMetadata],
+        names: Sequence[str],
+        lock: StreamLock,
+    ) -> None:
+        now = now_ms()
+        lease = self.config.producer_routing_lease_ms
+        for group in parts.values():
+            m = _active(group, rid)
+            # A producer of any group may write to a removed shard until that
+            # group's routing lease has run out since it switched.
+            if m.state not in (MigrationState.DRAINING, MigrationState.ROLLING_BACK):
+                return
+            if m.switched_at_ms is None or now < m.switched_at_ms + lease:
+                return
+        works = {}
+        for name, group in parts.items():
+            work = pending_work(group, now, self.config)
+            if work is not None and work.resharding_id == rid:
+                works[name] = work
+        probe = sorted({s for w in works.values() for s in w.probe})
+        retire = [
+            s
+            for s in sorted({s for w in works.values() for s in w.retire})
+            if all(
+                name in works and s in works[name].retire
+                for name, group in parts.items()
+                if s in _active(group, rid).removed_shards
+                and s not in _active(group, rid).retired_shards
+            )
+        ]
+        facts = {s: await self.prober.probe(prefix, s, names) for s in probe}
+        for s, result in facts.items():
+            self._note_unproven(prefix, s, result)
+        for name, work in works.items():
+            proven = {s: facts[s] is DrainResult.DRAINED for s in work.probe}
+            if any(proven.values()):
+                await self._step(prefix, name, _bind(apply_drain_probe, rid, self.config, proven))
+        if not retire:
+            return
+        lock.check()
+        retired: dict[int, bool] = {}
+        for s in retire:
+            result = await self.prober.retire(prefix, s, names)
+            retired[s] = result is DrainResult.DRAINED
+            if retired[s]:
+                self.service.metrics.shards_retired.inc()
+            else:
+                # New entries arrived after the probe: read them first.
+                self.service.metrics.retirements_refused.inc()
+                self._note_unproven(prefix, s, result)
+        log.info("stream %s: migration %s retired %s", prefix, rid, retired)
+        for name, work in works.items():
+            outcome = {s: retired[s] for s in work.retire if s in retired}
+            if outcome:
+                await self._step(prefix, name, _bind(apply_retirement, rid, self.config, outcome))
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _lock(self, stream_prefix: str) -> StreamLock:
+        settings = self.service.settings
+        return StreamLock(
+            self.service.store, stream_prefix, settings.mutex_ttl_ms, settings.mutex_wait_ms
+        )
+
+    async def _load(self, stream_prefix: str, names: Iterable[str]) -> dict[str, GroupMetadata]:
+        out: dict[str, GroupMetadata] = {}
+        for name in names:
+            loaded = await self.service.store.load(self.service.keys(stream_prefix, name))
+            if isinstance(loaded, Loaded):  # a deleted group simply drops out
+                out[name] = loaded.group
+        return out
+
+    async def _step(self, stream_prefix: str, name: str, step: _Step) -> GroupMetadata:
+        op = CoreStep(self.service.keys(stream_prefix, name), step)
+        await self.service.executor.submit(op.keys, op)
+        assert op.group is not None
+        return op.group
+
+    async def _abandon(
+        self, prefix: str, rid: str, started: Sequence[str], error: ApiError
+    ) -> ApiError:
+        """Fail the PREPARING migrations of a scale that cannot go on."""
+        problem: str | None = None
+        for name in started:
+            try:
+                after = await self._step(prefix, name, _bind(fail_provisioning, rid, self.config))
+            except (ApiError, RedisError, OSError) as exc:
+                problem = f"recording that failed for group {name!r} too ({exc})"
+                continue
+            if _state(after, rid) is not MigrationState.ROLLED_BACK:
+                problem = f"another coordinator already switched group {name!r}"
+        if not started:
+            return error
+        if problem is None:
+            note = f"; migration {rid} was rolled back and routing is unchanged"
+        else:
+            note = (
+                f"; {problem}: the coordinator's tick loop finishes migration {rid} "
+                f"(GET .../migrations/{rid} shows its state)"
+            )
+        return ApiError(error.status_code, error.error_code, error.message + note, error.headers)
+
+    async def _sync_record(
+        self,
+        stream_prefix: str,
+        groups: Mapping[str, GroupMetadata],
+        record: StreamRecord | None = None,
+    ) -> None:
+        """Make the stream record follow the groups' (common) layout."""
+        layout = common_layout(stream_prefix, groups.values())
+        if layout is None:
+            return
+        if record is None:
+            record = await read_record(self.service.store, stream_prefix)
+        if record is not None and record.layout == layout:
+            return
+        fresh = StreamRecord(layout, record.ordering if record is not None else "none")
+        await self.service.store.update_stream_record(
+            stream_prefix, {**fresh.layout_fields(), "updatedAt": str(now_ms())}, bump=True
+        )
+
+    def _note_unproven(self, prefix: str, shard: int, result: DrainResult) -> None:
+        key = (prefix, shard)
+        if result is DrainResult.DRAINED:
+            self._unproven.pop(key, None)
+            return
+        if self._unproven.get(key) is result:
+            return
+        self._unproven[key] = result
+        if result is DrainResult.GROUP_MISSING:
+            log.error(
+                "stream %s: removed shard %d still holds entries but a consumer group of the "
+                "stream is missing on it; it is not retired (recreate the Redis group, or "
+                "delete the key yourself once you know its entries are not needed)",
+                prefix, shard,
+            )  # fmt: skip
+        else:
+            log.info("stream %s: removed shard %d is not drained yet", prefix, shard)
+
+    def _observe_age(self, prefix: str, groups: Iterable[GroupMetadata]) -> None:
+        created = [m.created_at_ms for g in groups if (m := g.active_migration()) is not None]
+        if created:
+            gauge = self.service.metrics.resharding_age_seconds
+            gauge.labels(prefix).set(max(0.0, (now_ms() - min(created)) / 1000))
+            self._aged.add(prefix)
+
+    def forget_ages(self, migrating: Iterable[str]) -> None:
+        """Drop the age gauge of streams whose migration has ended."""
+        for prefix in self._aged - set(migrating):
+            self._aged.discard(prefix)
+            self.service.metrics.resharding_age_seconds.remove(prefix)
+
+
+# -- pure helpers -------------------------------------------------------------------------
+
+
+def _refuse_active(stream_prefix: str, groups: Iterable[GroupMetadata]) -> None:
+    for group in groups:
+        active = group.active_migration()
+        if active is not None:
+            raise ApiError(
+                409,
+                "ACTIVE_MIGRATION_EXISTS",
+                f"stream {stream_prefix!r} already has migration {active.resharding_id} "
+                f"({active.state.value}, group {group.consumer_group!r}); wait for it to end "
+                "or roll it back",
+            )
+
+
+def _start(
+    group: GroupMetadata,
+    now: int,
+    *,
+    layout: tuple[int, ...],
+    target: int,
+    rid: str,
+    ordered: bool,
+    requested_by: str,
+    reason: str | None,
+    avoid: frozenset[int],
+    config: CoordinatorConfig,
+) -> GroupMetadata:
+    if tuple(group.layout) != layout:
+        raise ApiError(
+            409, "LAYOUT_CHANGED", "the stream's layout changed during the request; retry"
+        )
+    return start_resharding(
+        group, target, now, resharding_id=rid, requested_by=requested_by, reason=reason,
+        ordered=ordered, avoid=avoid, config=config,
+    )  # fmt: skip
+
+
+def _bind(
+    fn: Callable[..., GroupMetadata], rid: str, config: CoordinatorConfig, *extra: object
+) -> _Step:
+    """``fn(group, rid, *extra, now, config)`` as a step of ``(group, now)``."""
+
+    def step(group: GroupMetadata, now: int) -> GroupMetadata:
+        return fn(group, rid, *extra, now, config)
+
+    return step
+
+
+def _active(group: GroupMetadata, rid: str) -> MigrationRecord:
+    migration = group.active_migration()
+    assert migration is not None and migration.resharding_id == rid
+    return migration
+
+
+def _state(group: GroupMetadata, rid: str) -> MigrationState:
+    return find_migration(group, rid).state
+
+
+def _participants(groups: Mapping[str, GroupMetadata], rid: str) -> dict[str, GroupMetadata]:
+    return {
+        n: g
+        for n, g in groups.items()
+        if (m := g.active_migration()) is not None and m.resharding_id == rid
+    }
+
+
+def _added_shards(prefix: str, rid: str, groups: Iterable[GroupMetadata]) -> list[int]:
+    added = {tuple(find_migration(g, rid).added_shards) for g in groups}
+    if len(added) > 1:
+        # Fresh shard numbers come from each group's known shards; they agree
+        # unless the groups' histories diverged.
+        raise ApiError(
+            503,
+            "LAYOUT_DIVERGED",
+            f"the groups of stream {prefix!r} would add different shards {sorted(added)}",
+        )
+    return list(added.pop()) if added else []

@@ -1,0 +1,55 @@
+"""Fixtures of the resharding tests: coordinators with a short producer routing lease."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+from coordinator_fixtures import CoordinatorPool
+
+from streamkit.testing import AsyncRedisClient, RedisTarget, redis_client
+from streamkit.testing.coordinator import CoordinatorProcess
+
+from .support import COORDINATOR_ENV, Admin
+
+
+@pytest.fixture(scope="module")
+def reshard_pool() -> Iterator[CoordinatorPool]:
+    pool = CoordinatorPool()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture
+def coord(any_redis: RedisTarget, reshard_pool: CoordinatorPool) -> CoordinatorProcess:
+    """A shared coordinator (per module and Redis flavour) with a 1.5 s producer lease."""
+    return reshard_pool.get(any_redis, env=COORDINATOR_ENV)
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"rs-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=15) as client:
+        yield client
+
+
+@pytest.fixture
+async def r(any_redis: RedisTarget) -> AsyncIterator[AsyncRedisClient]:
+    client = redis_client(any_redis, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def admin(http: httpx.AsyncClient, coord: CoordinatorProcess) -> Admin:
+    return Admin(http, coord)
