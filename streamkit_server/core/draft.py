@@ -57,18 +57,7 @@ class Draft:
 
     def remove_member(self, member_id: str) -> None:
         """Graceful leave: the member says it drained, so everything it held is free."""
-        for shard in self.group.shards_held_by(member_id):
-            self.release(shard)
-        self._update_member(
-            member_id,
-            state=MemberState.LEAVING,
-            dead_since_ms=self.now,
-            assigned=[],
-            holding=[],
-            revoke_deadline_ms=None,
-        )
-        self.observable = self.membership_changed = True
-        self.rebalance()
+        self._end_member(member_id, MemberState.LEAVING)
 
     def fence_member(self, member_id: str) -> None:
         """Fence a live member.  Its shards stay held until its lease must have run out.
@@ -92,11 +81,15 @@ class Draft:
     def expire_member(self, member_id: str) -> None:
         # Its lease ran out on the coordinator's clock, and the member's local
         # lease is never longer and starts no later, so it has stopped reading.
+        self._end_member(member_id, MemberState.EXPIRED)
+
+    def _end_member(self, member_id: str, state: MemberState) -> None:
+        """The member is gone and provably reads nothing: free all it held."""
         for shard in self.group.shards_held_by(member_id):
             self.release(shard)
         self._update_member(
             member_id,
-            state=MemberState.EXPIRED,
+            state=state,
             dead_since_ms=self.now,
             assigned=[],
             holding=[],
