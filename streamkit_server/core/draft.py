@@ -13,7 +13,7 @@ from streamkit.protocol import GroupState, HeartbeatRequest, MemberState
 
 from .assignor import assign
 from .config import CoordinatorConfig
-from .model import CorrectionRound, GroupMetadata, MemberMetadata, ShardProgress
+from .model import NEVER_MS, CorrectionRound, GroupMetadata, MemberMetadata, ShardProgress
 
 
 class Draft:
@@ -31,6 +31,7 @@ class Draft:
         self.dirty = False
         self.observable = False
         self.membership_changed = False
+        self.timeouts_scanned = False
 
     # -- members ---------------------------------------------------------
 
@@ -246,6 +247,13 @@ class Draft:
     # -- timeouts ------------------------------------------------------------
 
     def apply_timeouts(self) -> None:
+        # ``next_timeout_ms`` is a lower bound of every deadline below, so a
+        # steady heartbeat skips the O(members) scan.  Heartbeats only push a
+        # member's own deadline later, which keeps the bound valid between
+        # recomputations (see ``finish``).
+        if self.now < self.group.next_timeout_ms:
+            return
+        self.timeouts_scanned = True
         cfg = self.config
         for member_id, member in list(self.group.members.items()):
             if member.live and self.now > member.last_heartbeat_ms + cfg.member_lease_ttl_ms:
@@ -287,6 +295,14 @@ class Draft:
             # liveness-only heartbeat skips the O(shards) pass.
             self._refresh_revoke_deadlines()
         self._maybe_close_correction()
+        if self.observable or self.timeouts_scanned or self.group.correction is not None:
+            # Anything that can set an earlier deadline is observable (joins,
+            # fences, revokes) or opens a round; recompute the bound then.
+            bound = earliest_deadline_ms(self.group, self.config)
+            bound = NEVER_MS if bound is None else bound
+            if bound != self.group.next_timeout_ms:
+                self.group.next_timeout_ms = bound
+                self.dirty = True
         if not self.dirty:
             return self.original
         if self.observable:
@@ -306,3 +322,26 @@ def _derive_state(group: GroupMetadata) -> GroupState:
     if any(shard not in owners for shard in target):
         return GroupState.ASSIGNING
     return GroupState.STABLE
+
+
+def earliest_deadline_ms(group: GroupMetadata, config: CoordinatorConfig) -> int | None:
+    """The earliest time at which a timeout could change ``group``, if any."""
+    deadlines: list[int] = []
+    ttl = config.member_lease_ttl_ms
+    for member in group.members.values():
+        if member.live:
+            deadlines.append(member.last_heartbeat_ms + ttl + 1)
+            if member.revoke_deadline_ms is not None:
+                deadlines.append(member.revoke_deadline_ms + 1)
+        elif member.fenced_at_ms is not None and group.shards_held_by(member.member_id):
+            deadlines.append(member.fenced_at_ms + ttl)
+        elif member.dead_since_ms is not None:
+            deadlines.append(member.dead_since_ms + config.dead_member_retention_ms + 1)
+    migration = group.active_migration()
+    if migration is not None:
+        # A migration waits on Redis work (provisioning, drain probes) that only
+        # the server's loop can do: keep it due while the migration is open.
+        deadlines.append(migration.updated_at_ms)
+    if group.correction is not None:
+        deadlines.append(group.correction.started_at_ms + ttl)
+    return min(deadlines) if deadlines else None

@@ -23,6 +23,10 @@ from streamkit.protocol import GroupState, MemberState, MigrationState
 SCHEMA_VERSION = 1
 LAYOUT_VERSION = 1
 
+#: "Nothing is due": the timeout bound of a group with no member, no
+#: migration and no correction round.
+NEVER_MS = 2**62
+
 LIVE_STATES = frozenset({MemberState.STARTING, MemberState.ACTIVE})
 
 
@@ -144,6 +148,10 @@ class GroupMetadata(_Aggregate):
     # read yet: the children of an ordered reshard wait for their parents.
     held_shards: list[int] = Field(default_factory=list)
     correction: CorrectionRound | None = None
+    # A lower bound of the earliest timeout (lease expiry, rebalance timeout,
+    # fenced holdings, clean-up, correction round): until then the timeout
+    # scan is skipped.  Derived, recomputed whenever it could move earlier.
+    next_timeout_ms: int = 0
     correction_rounds_started: int = 0
     migrations: list[MigrationRecord] = Field(default_factory=list)
     created_at_ms: int = 0
@@ -210,6 +218,7 @@ def new_group(
         stream_prefix=stream_prefix,
         consumer_group=consumer_group,
         shard_count=shard_count,
+        next_timeout_ms=NEVER_MS,
         created_at_ms=now_ms,
         updated_at_ms=now_ms,
     )

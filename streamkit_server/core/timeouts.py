@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .config import CoordinatorConfig
-from .draft import Draft
+from .draft import Draft, earliest_deadline_ms
 from .model import GroupMetadata
 from .resharding import advance_migration
 
@@ -25,24 +25,7 @@ def next_deadline_ms(group: GroupMetadata, config: CoordinatorConfig) -> int | N
 
     Lets the server's loop skip loading groups that have nothing due.
     """
-    deadlines: list[int] = []
-    for member in group.members.values():
-        if member.live:
-            deadlines.append(member.last_heartbeat_ms + config.member_lease_ttl_ms + 1)
-            if member.revoke_deadline_ms is not None:
-                deadlines.append(member.revoke_deadline_ms + 1)
-        elif member.fenced_at_ms is not None and group.shards_held_by(member.member_id):
-            deadlines.append(member.fenced_at_ms + config.member_lease_ttl_ms)
-        elif member.dead_since_ms is not None:
-            deadlines.append(member.dead_since_ms + config.dead_member_retention_ms + 1)
-    migration = group.active_migration()
-    if migration is not None:
-        # A migration waits on Redis work (provisioning, drain probes) that only
-        # the server's loop can do: keep it due while the migration is open.
-        deadlines.append(migration.updated_at_ms)
-    if group.correction is not None:
-        deadlines.append(group.correction.started_at_ms + config.member_lease_ttl_ms)
-    return min(deadlines) if deadlines else None
+    return earliest_deadline_ms(group, config)
 
 
 def begin_correction(
