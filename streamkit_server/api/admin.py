@@ -24,6 +24,7 @@ from streamkit.protocol import (
 from streamkit_server import views
 from streamkit_server.api.bodies import CreateGroupRequest, CreateStreamRequest
 from streamkit_server.api.deps import group_keys, require, runtime
+from streamkit_server.api.errors import status_for
 from streamkit_server.errors import ApiError
 from streamkit_server.provisioning import validate_stream_prefix
 from streamkit_server.security import Principal, Role
@@ -64,11 +65,8 @@ async def audited(
     status = success_status
     try:
         yield
-    except ApiError as exc:
-        status = exc.status_code
-        raise
-    except Exception:
-        status = 500
+    except Exception as exc:
+        status = status_for(exc)
         raise
     finally:
         audit_log.info(

@@ -129,6 +129,24 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, "INTERNAL_ERROR", "internal error; see the coordinator log")
 
 
+def status_for(exc: BaseException) -> int:
+    """The HTTP status the handlers above answer ``exc`` with (for the audit log)."""
+    if isinstance(exc, ApiError):
+        return exc.status_code
+    if isinstance(exc, AuthError):
+        return 401
+    if isinstance(
+        exc,
+        CoordinatorTerminating
+        | MutexTimeout
+        | StoreError
+        | RedisConnectionError
+        | RedisTimeoutError,
+    ):
+        return 503
+    return 500
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)

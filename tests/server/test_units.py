@@ -77,3 +77,18 @@ def test_names() -> None:
     assert validate_consumer_group("billing.v2_x") == "billing.v2_x"
     with pytest.raises(ApiError):
         validate_consumer_group("a:b")
+
+
+def test_audit_status_matches_the_answer_for_every_refusal() -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from streamkit_server.api.errors import status_for
+    from streamkit_server.errors import ApiError
+    from streamkit_server.gate import CoordinatorTerminating
+    from streamkit_server.mutex import MutexTimeout
+
+    assert status_for(ApiError(409, "X", "conflict")) == 409
+    assert status_for(CoordinatorTerminating("bye")) == 503
+    assert status_for(MutexTimeout("busy")) == 503
+    assert status_for(RedisConnectionError("down")) == 503
+    assert status_for(RuntimeError("bug")) == 500
