@@ -29,10 +29,11 @@ Design (SPEC §5):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -347,13 +348,8 @@ class ShardSession:
                 # Too little lease left to block; wait for the next heartbeat.
                 await self._interruptibly(poller.wait_for_change())
                 return []
-        observer = poller.observer
-        epoch = poller.machine.epoch
-        if observer is not None:
-            observer.read_started(self.shard, self.member_id, epoch)
-        count_read = 0
         reply: Any
-        try:
+        with self._observed_read() as tally:
             if block_ms is None:
                 reply = await poller.redis.xreadgroup(
                     self.consumer_group, self.member_id, {self.stream_key: ">"}, count=count
@@ -369,23 +365,15 @@ class ShardSession:
                     )
                 )
             entries = _entries_of(reply)
-            count_read = len(entries)
-        finally:
-            if observer is not None:
-                observer.read_finished(self.shard, self.member_id, epoch, count_read)
-        self.pending_count += count_read
+            tally.count = len(entries)
+        self.pending_count += tally.count
         return entries
 
     async def _claim(self, count: int) -> tuple[list[tuple[bytes, Any]], bool]:
         """One XAUTOCLAIM step; returns the entries and whether to go on claiming."""
         poller = self._poller
-        observer = poller.observer
-        epoch = poller.machine.epoch
-        if observer is not None:
-            observer.read_started(self.shard, self.member_id, epoch)
-        count_read = 0
         reply: Any
-        try:
+        with self._observed_read() as tally:
             reply = await poller.redis.xautoclaim(
                 self.stream_key,
                 self.consumer_group,
@@ -396,15 +384,12 @@ class ShardSession:
             )
             cursor: bytes = reply[0]
             entries: list[tuple[bytes, Any]] = [e for e in reply[1] if e[1] is not None]
-            count_read = len(entries)
-        finally:
-            if observer is not None:
-                observer.read_finished(self.shard, self.member_id, epoch, count_read)
+            tally.count = len(entries)
         self._claim_cursor = cursor
-        self.pending_count += count_read
+        self.pending_count += tally.count
         if entries:
             log.debug(
-                "%s claimed %d pending entries of %s", self.member_id, count_read, self.stream_key
+                "%s claimed %d pending entries of %s", self.member_id, tally.count, self.stream_key
             )
         return entries, cursor != _END_OF_PEL
 
@@ -412,25 +397,33 @@ class ShardSession:
         """Fetch our own pending entries again (XCLAIM to ourselves, min-idle 0)."""
         poller = self._poller
         ids, self._redeliver = self._redeliver[:count], self._redeliver[count:]
-        observer = poller.observer
-        epoch = poller.machine.epoch
+        reply: Any
+        with self._observed_read() as tally:
+            try:
+                reply = await poller.redis.xclaim(
+                    self.stream_key, self.consumer_group, self.member_id, 0, list[Any](ids)
+                )
+            except BaseException:
+                self._redeliver[:0] = ids
+                raise
+            entries: list[tuple[bytes, Any]] = [e for e in reply if e[1] is not None]
+            tally.count = len(entries)
+        return entries
+
+    @contextlib.contextmanager
+    def _observed_read(self) -> Iterator[_Tally]:
+        """Bracket one Redis read for the read observer (tests rebuild read
+        intervals from it to prove no shard ever had two readers)."""
+        observer = self._poller.observer
+        epoch = self._poller.machine.epoch
+        tally = _Tally()
         if observer is not None:
             observer.read_started(self.shard, self.member_id, epoch)
-        count_read = 0
-        reply: Any
         try:
-            reply = await poller.redis.xclaim(
-                self.stream_key, self.consumer_group, self.member_id, 0, list[Any](ids)
-            )
-            entries: list[tuple[bytes, Any]] = [e for e in reply if e[1] is not None]
-            count_read = len(entries)
-        except BaseException:
-            self._redeliver[:0] = ids
-            raise
+            yield tally
         finally:
             if observer is not None:
-                observer.read_finished(self.shard, self.member_id, epoch, count_read)
-        return entries
+                observer.read_finished(self.shard, self.member_id, epoch, tally.count)
 
     def _log_read_error(self, exc: BaseException, failures: int) -> None:
         if failures != 1 and failures % 10:
@@ -549,6 +542,11 @@ class ShardSession:
             last_acked_id=self.last_acked_id.decode() if self.last_acked_id else None,
             pending_count=self.pending_count,
         )
+
+
+@dataclass(slots=True)
+class _Tally:
+    count: int = 0
 
 
 def _entries_of(reply: Any) -> list[tuple[bytes, Any]]:
