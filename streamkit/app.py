@@ -346,6 +346,9 @@ class StreamKit:
             log.info("shutting down: draining %d member(s)", len(members))
             for member in members:
                 member.request_stop()
+                if self._force_requested:
+                    # shutdown(force=True) came before these members existed.
+                    member.force_stop()
             with anyio.move_on_after(self.shutdown_timeout):
                 for done in finished:
                     await done.wait()

@@ -396,8 +396,7 @@ class MemberRuntime:
         """A heartbeat may take as long as the lease has left, but at least an
         interval: a hung coordinator must not keep us from trying again."""
         interval = self.machine.heartbeat_interval_ms
-        until = self.machine.lease_until_ms
-        remaining = 0 if until is None else until - monotonic_ms()
+        remaining = self.machine.lease_remaining_ms(monotonic_ms())
         return int(min(self._request_timeout_s * 1000, max(interval, remaining)))
 
     def _retry_delay_ms(self, failures: int) -> int:

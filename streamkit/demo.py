@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 import httpx
+from redis.exceptions import RedisError
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
@@ -32,13 +33,14 @@ from rich.table import Table
 
 from streamkit.connections import AsyncRedis, connect_redis
 from streamkit.coordinator_client import CoordinatorClient
-from streamkit.producer import Publisher
+from streamkit.producer import Publisher, PublishError
+from streamkit.protocol import API_PREFIX
 from streamkit.routing_cache import RoutingUnavailable
 from streamkit.settings import StreamKitSettings
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit.testing.redis_server import RedisServer
 
-API = "/coord/v1"
+API = API_PREFIX
 ORDERS, BILLING = "orders", "billing"
 INVOICES, ACCOUNTING = "invoices", "accounting"
 BILLED, DELIVERIES = "samples:orders:billed", "samples:orders:deliveries"
@@ -197,18 +199,18 @@ async def _main(
                 raise SystemExit(f"could not create {prefix}/{group}: {reply.text}")
         state.event(f"created stream {ORDERS} with {options.shards} shards")
         redis = connect_redis(env["STREAMKIT_REDIS_URL"], cluster=options.redis_cluster)
-        await redis.delete(BILLED)
-        await redis.delete(DELIVERIES)
-        with contextlib.ExitStack() as procs:
-            consumers = {
-                name: procs.enter_context(_consumer(name, env, root, logs))
-                for name in ("consumer-a", "consumer-b")
-            }
-            state.event("started consumer-a and consumer-b (concurrency 2 each)")
-            try:
+        try:
+            await redis.delete(BILLED)
+            await redis.delete(DELIVERIES)
+            with contextlib.ExitStack() as procs:
+                consumers = {
+                    name: procs.enter_context(_consumer(name, env, root, logs))
+                    for name in ("consumer-a", "consumer-b")
+                }
+                state.event("started consumer-a and consumer-b (concurrency 2 each)")
                 await _run_timeline(options, state, http, redis, env, consumers, console)
-            finally:
-                await redis.aclose()
+        finally:
+            await redis.aclose()
     return state.summary
 
 
@@ -223,27 +225,25 @@ async def _run_timeline(
 ) -> None:
     settings = StreamKitSettings(
         coordinator_url=env["STREAMKIT_COORDINATOR_URL"],
+        coordinator_username=env["STREAMKIT_COORDINATOR_USERNAME"],
+        coordinator_password=env["STREAMKIT_COORDINATOR_PASSWORD"],
         redis_url=env["STREAMKIT_REDIS_URL"],
         redis_cluster=options.redis_cluster,
         routing_refresh_interval=0.5,
         routing_lease=ROUTING_LEASE_S,
     )
-    coordinator_client = CoordinatorClient(
-        env["STREAMKIT_COORDINATOR_URL"],
-        username=env["STREAMKIT_COORDINATOR_USERNAME"],
-        password=env["STREAMKIT_COORDINATOR_PASSWORD"],
-    )
-    publisher = Publisher(
-        ORDERS, BILLING, settings=settings, coordinator=coordinator_client, redis=redis
-    )
     publish_until = state.started + options.duration * 0.8
-    async with anyio.create_task_group() as tg:
+    async with (
+        CoordinatorClient.from_settings(settings) as coordinator_client,
+        Publisher(
+            ORDERS, BILLING, settings=settings, coordinator=coordinator_client, redis=redis
+        ) as publisher,
+        anyio.create_task_group() as tg,
+    ):
         tg.start_soon(_publish, publisher, options, state, publish_until)
         tg.start_soon(_script, options, state, http, consumers)
         await _watch(options, state, http, redis, console, publish_until)
         tg.cancel_scope.cancel()
-    await publisher.aclose()
-    await coordinator_client.aclose()
 
 
 async def _publish(publisher: Publisher, options: DemoOptions, state: _State, until: float) -> None:
@@ -260,7 +260,7 @@ async def _publish(publisher: Publisher, options: DemoOptions, state: _State, un
         ]
         try:
             await publisher.publish_many(batch)
-        except (RoutingUnavailable, OSError, ConnectionError) as exc:
+        except (PublishError, RoutingUnavailable, RedisError, OSError) as exc:
             # At-least-once: the same order ids are sent again next tick.
             state.summary.publish_retries += 1
             state.event(f"publish retried: {type(exc).__name__}")

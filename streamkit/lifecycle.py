@@ -130,5 +130,4 @@ class ShardContext:
         Bound blocking reads by it (``XREADGROUP ... BLOCK``), so no read
         outlives the lease.
         """
-        until = self._machine.lease_until_ms
-        return 0 if until is None else max(0, until - monotonic_ms())
+        return self._machine.lease_remaining_ms(monotonic_ms())

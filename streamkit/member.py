@@ -107,6 +107,12 @@ class MemberStateMachine:
     def may_read(self, shard: int, now_ms: int) -> bool:
         return shard in self.reading and self.lease_valid(now_ms)
 
+    def lease_remaining_ms(self, now_ms: int) -> int:
+        """How long reads stay allowed without another answer (0 when none)."""
+        if self.lease_until_ms is None:
+            return 0
+        return max(0, self.lease_until_ms - now_ms)
+
     def lease_valid(self, now_ms: int) -> bool:
         return self.lease_until_ms is not None and now_ms < self.lease_until_ms
 

@@ -341,8 +341,7 @@ class ShardSession:
         poller = self._poller
         block_ms: int | None = None
         if block:
-            until = poller.machine.lease_until_ms
-            remaining = (until or 0) - monotonic_ms() - _LEASE_MARGIN_MS
+            remaining = poller.machine.lease_remaining_ms(monotonic_ms()) - _LEASE_MARGIN_MS
             block_ms = min(poller.options.block_ms, remaining)
             if block_ms < _MIN_BLOCK_MS:
                 # Too little lease left to block; wait for the next heartbeat.

@@ -204,6 +204,13 @@ class ReshardingService:
                 lock.check()
             except ApiError as exc:
                 raise await self._abandon(stream_prefix, rid, started, exc) from exc
+            except Exception as exc:
+                # Mutex timeouts, unusable metadata, Redis trouble: the groups
+                # already PREPARING must not stay half-started (they would end
+                # up on different layouts); the original error is answered.
+                interrupted = ApiError(503, "COORDINATOR_BUSY", f"scale interrupted: {exc}")
+                await self._abandon(stream_prefix, rid, started, interrupted)
+                raise
             for name in names:
                 groups[name] = await self._step(
                     stream_prefix, name, _bind(complete_provisioning, rid, self.config)

@@ -42,6 +42,8 @@ from streamkit.protocol import (
 )
 from streamkit_server import views
 from streamkit_server.core import (
+    LAYOUT_VERSION,
+    SCHEMA_VERSION,
     CoordinatorConfig,
     GroupMetadata,
     begin_correction,
@@ -338,6 +340,15 @@ class DeleteGroupOp:
     def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
         if group is None:
             raise group_not_found(self.keys)
+        if group.active_migration() is not None:
+            # Its Redis consumer groups take part in the drain proof of the
+            # migration's removed shards; deleting mid-way would strand it.
+            raise ApiError(
+                409,
+                "ACTIVE_MIGRATION_EXISTS",
+                "the group has an active resharding migration; wait for it to finish "
+                "or roll it back, then delete",
+            )
         live = group.live_member_ids()
         if (live or group.owners) and not self.force:
             raise ApiError(
@@ -473,7 +484,8 @@ class CoordinatorService:
                     409,
                     "ORDERING_MISMATCH",
                     f"stream {prefix!r} has ordering={record.ordering!r}; the group cannot "
-                    f"ask for {ordering!r} (omit it, or pass it when scaling)",
+                    f"ask for {ordering!r} (omit it; an ordering given to a scale request "
+                    "applies to that scale only)",
                 )
             if await self.store.load(keys) is not None:
                 # Checked before provisioning too, so a duplicate create does
@@ -534,8 +546,8 @@ class CoordinatorService:
                 **record.layout_fields(),
                 **record.groups_field(),
                 "metadataVersion": "1",
-                "schemaVersion": "1",
-                "layoutVersion": "1",
+                "schemaVersion": str(SCHEMA_VERSION),
+                "layoutVersion": str(LAYOUT_VERSION),
                 "createdAt": stamp,
                 "updatedAt": stamp,
                 "requestedBy": requested_by,

@@ -17,7 +17,6 @@ from streamkit.protocol import (
     GroupResponse,
     MemberView,
     Migration,
-    MigrationState,
     ProducerRoutingResponse,
     ProducerRoutingShard,
     StreamScaleResponse,
@@ -41,11 +40,6 @@ __all__ = [
     "shard_offsets",
     "stream_scale",
 ]
-
-_ACTIVE_MIGRATION_STATES = frozenset(
-    {MigrationState.PREPARING, MigrationState.ACTIVE, MigrationState.DRAINING,
-     MigrationState.ROLLING_BACK}
-)  # fmt: skip
 
 
 def _dt(ms: int | None) -> datetime | None:
@@ -79,25 +73,14 @@ def _iso(ms: int | None) -> str | None:
 
 
 def _migration(record: MigrationRecord) -> Migration:
-    try:
-        state: MigrationState | None = MigrationState(record.state)
-    except ValueError:
-        state = None
     return Migration(
         resharding_id=record.resharding_id,
         from_shard_count=record.from_shard_count,
         to_shard_count=record.to_shard_count,
-        state=state,
+        state=record.state,
         created_at=_dt(record.created_at_ms),
         updated_at=_dt(record.updated_at_ms),
     )
-
-
-def _active_migration(group: GroupMetadata) -> MigrationRecord | None:
-    for record in reversed(group.migrations):
-        if record.state in _ACTIVE_MIGRATION_STATES:
-            return record
-    return None
 
 
 def _count_by_member(mapping: Mapping[int, str]) -> dict[str, int]:
@@ -115,7 +98,7 @@ def _shards_by_member(shards: Mapping[int, str]) -> dict[str, list[int]]:
 
 
 def group_response(group: GroupMetadata) -> GroupResponse:
-    active = _active_migration(group)
+    active = group.active_migration()
     return GroupResponse(
         stream_prefix=group.stream_prefix,
         consumer_group=group.consumer_group,
@@ -165,7 +148,7 @@ def invariant_violations(group: GroupMetadata) -> list[str]:
     assignable = set(group.assignable_shards())
     # A removed shard proven drained stops being assignable while its holder
     # still has to revoke it: held, not targeted, and expected.
-    active = _active_migration(group)
+    active = group.active_migration()
     revocable = set(active.removed_shards) if active is not None else set()
     live = set(group.live_member_ids())
     for shard, holder in sorted(group.owners.items()):
@@ -233,7 +216,7 @@ def consumption(group: GroupMetadata) -> ConsumptionProgressResponse:
 
 def migrations(group: GroupMetadata) -> dict[str, Any]:
     """``MigrationsResponse`` as wire JSON, each migration with its progress."""
-    active = _active_migration(group)
+    active = group.active_migration()
     return {
         "migrations": [migration(m) for m in group.migrations],
         "activeReshardingId": active.resharding_id if active is not None else None,

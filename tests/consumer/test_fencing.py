@@ -120,9 +120,12 @@ async def test_slow_drain_gets_fenced_then_rejoins(
     # From the revoke until the fence nothing read the revoked shards: the
     # poller had stopped before on_revoked was called.
     assert hooks.revoke_entered_ns is not None and hooks.lost_ns is not None
-    for read in recorder.reads:
-        if read.reader == "slow-m0" and read.shard in hooks.revoked:
-            assert read.end_ns <= hooks.revoke_entered_ns or read.start_ns >= hooks.lost_ns, read
+    revoked_reads = [
+        r for r in recorder.reads if r.reader == "slow-m0" and r.shard in hooks.revoked
+    ]
+    assert revoked_reads, "slow-m0 never read the shards it later had revoked"
+    for read in revoked_reads:
+        assert read.end_ns <= hooks.revoke_entered_ns or read.start_ns >= hooks.lost_ns, read
     assert not overlapping_reads(recorder.all_reads())
     assert published <= handled
 

@@ -58,6 +58,14 @@ async def test_scale_out_provisions_first_and_moves_every_group(
     assert late.status_code == 409 and late.json()["errorCode"] == "ACTIVE_MIGRATION_EXISTS"
     listed = (await admin.get(f"/monitoring/streams/{prefix}/groups/g1/migrations")).json()
     assert listed["activeReshardingId"] == rid and listed["migrations"][0]["state"] == "ACTIVE"
+    # Nor does a group leave mid-migration: its Redis groups are part of the drain proof.
+    gone = await admin.http.request(
+        "DELETE",
+        f"{admin.url}/coord/v1/streams/{prefix}/groups/g2",
+        json={"requestedBy": "tests", "reason": "mid-migration", "force": True},
+        auth=admin.coordinator.admin_auth,
+    )
+    assert gone.status_code == 409 and gone.json()["errorCode"] == "ACTIVE_MIGRATION_EXISTS"
     age = f'redis_stream_coord_resharding_active_age_seconds{{stream_prefix="{prefix}"}}'
 
     async def age_shown() -> bool:
