@@ -41,6 +41,7 @@ from streamkit_server.core import (
     GroupMetadata,
     MigrationRecord,
     ReshardingRejected,
+    ReshardingWork,
     apply_drain_probe,
     apply_retirement,
     complete_provisioning,
@@ -286,12 +287,13 @@ class ReshardingService:
         names: Sequence[str],
         lock: StreamLock,
     ) -> None:
-        preparing = [
-            n for n, g in parts.items() if _active(g, rid).state is MigrationState.PREPARING
-        ]
+        now = now_ms()
+        work = {n: pending_work(g, now, self.config) for n, g in parts.items()}
+        preparing = [n for n, w in work.items() if w is not None and w.prepare]
         if not preparing:
             return
-        added = _added_shards(prefix, rid, (parts[n] for n in preparing))
+        # The core says what to provision; every group must agree on it.
+        added = _one_allocation(prefix, [work[n] for n in preparing])
         log.warning(
             "stream %s: migration %s was left PREPARING (coordinator restart?); "
             "provisioning %s again and switching", prefix, rid, added,
@@ -528,7 +530,14 @@ def _participants(groups: Mapping[str, GroupMetadata], rid: str) -> dict[str, Gr
 
 
 def _added_shards(prefix: str, rid: str, groups: Iterable[GroupMetadata]) -> list[int]:
-    added = {tuple(find_migration(g, rid).added_shards) for g in groups}
+    return _agreed(prefix, {tuple(find_migration(g, rid).added_shards) for g in groups})
+
+
+def _one_allocation(prefix: str, work: Sequence[ReshardingWork | None]) -> list[int]:
+    return _agreed(prefix, {w.provision for w in work if w is not None})
+
+
+def _agreed(prefix: str, added: set[tuple[int, ...]]) -> list[int]:
     if len(added) > 1:
         # Fresh shard numbers come from each group's known shards; they agree
         # unless the groups' histories diverged.
