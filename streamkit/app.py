@@ -28,7 +28,7 @@ from streamkit.listener import (
     ListenerConfigError,
     MessageHandler,
 )
-from streamkit.member import MemberStateMachine
+from streamkit.member import MemberStateMachine, new_incarnation
 from streamkit.poller import Handler, ReadObserver, ShardPoller, supports_xackdel
 from streamkit.producer import Publisher, PublisherStartupError, ShardStreamsMissing
 from streamkit.settings import StreamKitSettings
@@ -362,6 +362,10 @@ class StreamKit:
     def _build_members(self, xackdel: bool) -> list[MemberRuntime]:
         settings = self.settings
         name = f"{socket.gethostname()}/{os.getpid()}"
+        # One incarnation per start: the coordinator tells this start's members
+        # apart from any other process (or earlier start) using the same ids.
+        incarnation = new_incarnation()
+        base = settings.member_id_prefix(incarnation)
         members: list[MemberRuntime] = []
         for listener in self._listeners:
             handler = listener.async_handler()
@@ -370,7 +374,7 @@ class StreamKit:
                 if handler is None
                 else functools.partial(self._make_poller, listener, handler, xackdel)
             )
-            for member_id in listener.member_ids(settings.member_id_base):
+            for member_id in listener.member_ids(base):
                 members.append(
                     MemberRuntime(
                         member_id,
@@ -382,6 +386,8 @@ class StreamKit:
                         hooks=listener.lifecycle,
                         lease_ms=settings.assignment_lease_ms,
                         member_name=name,
+                        incarnation=incarnation,
+                        static=settings.static_membership,
                         coordinator_url=settings.coordinator_url,
                         request_timeout_s=settings.coordinator_timeout,
                     )

@@ -36,15 +36,17 @@ from streamkit.errors import StreamkitError
 from streamkit.lifecycle import ShardContext, ShardLifecycle, monotonic_ms
 from streamkit.member import MemberStateMachine, Reaction, ReactionKind
 from streamkit.poller import ShardPoller
-from streamkit.protocol import HeartbeatRequest, HeartbeatResponse
+from streamkit.protocol import HeartbeatRequest, HeartbeatResponse, HeartbeatStatus
 
-__all__ = ["GroupNotFoundError", "MemberRejectedError", "MemberRuntime"]
+__all__ = ["MEMBER_ID_IN_USE", "GroupNotFoundError", "MemberRejectedError", "MemberRuntime"]
 
 log = logging.getLogger("streamkit.consumer")
 
 _RETRY_BASE_MS = 100
 _RETRY_CAP_MS = 5_000
 _LEAVE_ATTEMPTS = 3
+#: The coordinator's answer to a join for a member id another process holds.
+MEMBER_ID_IN_USE = "MEMBER_ID_IN_USE"
 
 PollerFactory = Callable[[MemberStateMachine], ShardPoller]
 
@@ -81,10 +83,18 @@ class MemberRuntime:
         hooks: ShardLifecycle | None = None,
         lease_ms: int | None = None,
         member_name: str | None = None,
+        incarnation: str | None = None,
+        static: bool = False,
         coordinator_url: str = "",
         request_timeout_s: float = 5.0,
     ) -> None:
-        self.machine = MemberStateMachine(member_id, member_name=member_name, lease_ms=lease_ms)
+        self.machine = MemberStateMachine(
+            member_id,
+            member_name=member_name,
+            lease_ms=lease_ms,
+            incarnation=incarnation,
+            static=static,
+        )
         self.stream_prefix = stream_prefix
         self.consumer_group = consumer_group
         self.context = ShardContext(
@@ -105,6 +115,7 @@ class MemberRuntime:
         self._stop_begun = False
         self._forced = False
         self._answered_once = False
+        self._id_in_use_since: int | None = None
         # Per shard, the completion event of the last operation queued for it.
         self._tails: dict[int, anyio.Event] = {}
         self._ops: dict[anyio.CancelScope, frozenset[int]] = {}
@@ -188,12 +199,22 @@ class MemberRuntime:
                 delay_ms = self._retry_delay_ms(failures)
             except CoordinatorError as exc:
                 machine.request_failed()
+                if exc.error_code == MEMBER_ID_IN_USE:
+                    # Another process holds this member id: read nothing and
+                    # ask again each interval; it frees up when that process
+                    # leaves or its lease runs out (a restart after a crash).
+                    self._log_id_in_use(exc)
+                    await self._sleep(machine.heartbeat_interval_ms)
+                    continue
                 if not self._answered_once and exc.status_code in (401, 403, 404):
                     raise self._fatal(exc) from exc
                 failures += 1
                 self._log_failure(exc, failures)
                 delay_ms = self._retry_delay_ms(failures)
             else:
+                if self._id_in_use_since is not None:
+                    log.info("%s: the member id is free again; joined", self.member_id)
+                    self._id_in_use_since = None
                 if failures:
                     log.info(
                         "%s: coordinator reachable again after %d failures",
@@ -386,6 +407,11 @@ class MemberRuntime:
                     return
                 await anyio.sleep(self._retry_delay_ms(attempt) / 1000)
                 continue
+            if response.status is HeartbeatStatus.INVALID_REQUEST and self.machine.static:
+                # A coordinator without static leaves (the reference server):
+                # leave the plain way, the shards move at once.
+                self.machine.static = False
+                continue
             self.machine.on_response(response)
             log.info("%s: left the group", self.member_id)
             return
@@ -414,6 +440,18 @@ class MemberRuntime:
                 await self._wake.wait()
         if self._wake.is_set():
             self._wake = anyio.Event()
+
+    def _log_id_in_use(self, exc: CoordinatorError) -> None:
+        if self._id_in_use_since is None:
+            self._id_in_use_since = monotonic_ms()
+            log.error(
+                "%s: %s. This process reads nothing for this member and asks again every "
+                "heartbeat interval. Only with STREAMKIT_STATIC_MEMBERSHIP=true do two "
+                "processes with the same STREAMKIT_MEMBER_ID_BASE share member ids: give "
+                "each process its own base.",
+                self.member_id,
+                exc,
+            )
 
     def _log_failure(self, exc: BaseException, failures: int) -> None:
         if failures == 1 or failures % 10 == 0:

@@ -22,12 +22,15 @@ Safety rules it enforces (SPEC §5, seed 004 "Contract"):
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from streamkit.protocol import (
+    LEAVE_EPOCH,
     PROTOCOL_VERSION,
+    STATIC_LEAVE_EPOCH,
     HeartbeatRequest,
     HeartbeatResponse,
     HeartbeatStatus,
@@ -44,6 +47,11 @@ from streamkit.protocol import (
 #: a successful heartbeat.  The coordinator refuses a member lease TTL shorter
 #: than two intervals, so this default can never outlive the server's lease.
 DEFAULT_LEASE_INTERVALS = 2
+
+
+def new_incarnation() -> str:
+    """A token for one start of a process: no other process draws the same."""
+    return secrets.token_hex(8)
 
 
 class ReactionKind(StrEnum):
@@ -74,6 +82,11 @@ class MemberStateMachine:
     #: Local assignment lease; must not exceed the coordinator's member lease TTL.
     lease_ms: int | None = None
     protocol_version: int = PROTOCOL_VERSION
+    #: This start's token, sent with every request (see ``new_incarnation``).
+    incarnation: str | None = None
+    #: Static membership: a graceful stop leaves with epoch -2, keeping the
+    #: shards reserved for the restart of the same member id.
+    static: bool = False
 
     epoch: int = 0
     #: The metadata version to report: the highest seen, except that a
@@ -158,8 +171,10 @@ class MemberStateMachine:
         return request
 
     def leave_request(self, now_ms: int) -> HeartbeatRequest:
-        """The graceful leave (memberEpoch = -1); send it after draining everything."""
-        request = self._request(-1, [], [], None, [])
+        """The graceful leave (memberEpoch -1, or -2 for a static member that
+        will restart); send it after draining everything."""
+        epoch = STATIC_LEAVE_EPOCH if self.static and self.incarnation else LEAVE_EPOCH
+        request = self._request(epoch, [], [], None, [])
         self._sent = _Sent(request.request_id, now_ms, frozenset())
         return request
 
@@ -184,6 +199,7 @@ class MemberStateMachine:
             owned_shards=shard_ids(owned),
             revoking_shards=revoking,
             shard_progress=progress or [],
+            incarnation=self.incarnation,
         )
 
     # -- local progress ----------------------------------------------------------
@@ -233,7 +249,7 @@ class MemberStateMachine:
             HeartbeatStatus.REVOKE_PENDING,
         ):
             return []  # RETRY or unknown: same as a failed request
-        if response.member_epoch == -1:
+        if response.member_epoch is not None and response.member_epoch < 0:
             self.left = True
             self.epoch = 0
             self.lease_until_ms = None

@@ -390,7 +390,32 @@ class ShardSession:
             log.debug(
                 "%s claimed %d pending entries of %s", self.member_id, tally.count, self.stream_key
             )
+        if cursor == _END_OF_PEL:
+            await self._forget_idle_consumers()
         return entries, cursor != _END_OF_PEL
+
+    async def _forget_idle_consumers(self) -> None:
+        """Delete the other Redis consumers of this shard that hold nothing.
+
+        Member ids are drawn anew on every start, so without this the group's
+        consumer list grows with every restart.  Safe once we hold the shard
+        and claimed its leftovers: no other member reads it while we do, so an
+        empty consumer stays empty until we delete it (a consumer that still
+        has pending entries is kept: deleting it would drop them unredelivered).
+        A member given the shard later simply creates its consumer again.
+        """
+        poller = self._poller
+        try:
+            consumers = await poller.redis.xinfo_consumers(self.stream_key, self.consumer_group)
+            for consumer in consumers:
+                name = consumer["name"]
+                name = name.decode() if isinstance(name, bytes) else str(name)
+                if name != self.member_id and int(consumer["pending"]) == 0:
+                    await poller.redis.xgroup_delconsumer(
+                        self.stream_key, self.consumer_group, name
+                    )
+        except RedisError as exc:  # housekeeping only: try again on the next grant
+            log.debug("%s: consumers of %s kept: %r", self.member_id, self.stream_key, exc)
 
     async def _reclaim(self, count: int) -> list[tuple[bytes, Any]]:
         """Fetch our own pending entries again (XCLAIM to ourselves, min-idle 0)."""

@@ -475,6 +475,14 @@ class ShardConsumptionProgress(WireModel):
     updated_at: AwareDatetime | None = None
 
 
+#: memberEpoch of a graceful leave.
+LEAVE_EPOCH: Final = -1
+#: memberEpoch of a static member's graceful leave before a restart (KIP-848's
+#: -2): its assignment stays reserved for the member id until its lease ends.
+#: Only accepted together with an ``incarnation``.
+STATIC_LEAVE_EPOCH: Final = -2
+
+
 class HeartbeatRequest(WireModel):
     # protocolVersion is only bounded below: a well-formed but unknown version
     # must reach the decision logic so it can answer UNSUPPORTED_PROTOCOL.
@@ -490,11 +498,29 @@ class HeartbeatRequest(WireModel):
     owned_shards: list[ShardId] = Field(default_factory=list, json_schema_extra=_UNIQUE_ITEMS)
     revoking_shards: list[RevokingShardReport] = Field(default_factory=list)
     shard_progress: list[ShardConsumptionProgress] = Field(default_factory=list)
+    # streamkit extension (the reference clients do not send it and the
+    # reference server ignores it): a token that one start of one process
+    # draws at random.  The coordinator stores it with the member so a second
+    # process using the same member id, or a leave from an earlier start, can
+    # be told apart from the member itself.
+    incarnation: IdStr | None = Field(
+        default=None,
+        description="streamkit extension: a random token of one start of the member's "
+        "process; a join, heartbeat or leave under another token does not act as the member.",
+    )
 
     @field_validator("owned_shards")
     @classmethod
     def _unique_owned_shards(cls, value: list[ShardId]) -> list[ShardId]:
         return _reject_duplicate_shards(value, "ownedShards")
+
+    def to_wire(self, *, exclude_none: bool = False) -> dict[str, Any]:
+        wire = super().to_wire(exclude_none=exclude_none)
+        # An extension is left out rather than sent as null: the body then
+        # reads exactly like a reference client's.
+        if wire.get("incarnation", "") is None:
+            del wire["incarnation"]
+        return wire
 
 
 class AssignmentView(WireModel):

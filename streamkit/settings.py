@@ -27,13 +27,29 @@ class StreamKitSettings(BaseSettings):
     coordinator_timeout: float = 5.0
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_cluster: bool = False
+    #: The readable start of this process's member ids.  Each start of the
+    #: process adds a random part, so processes with identical settings are
+    #: distinct members (``{base}-{random}-m{i}``), unless ``static_membership``.
     member_id_base: str = Field(default_factory=default_member_id_base)
+    #: Static membership: member ids are exactly ``{base}-m{i}`` on every start
+    #: (give each process its own base).  A second process with the same ids is
+    #: refused while the first lives; a graceful stop keeps the shards reserved
+    #: for the restart until the member lease runs out.
+    static_membership: bool = False
     #: Local assignment lease in ms; must not exceed the coordinator's member
     #: lease TTL. Unset: two heartbeat intervals (always within the TTL).
     assignment_lease_ms: int | None = None
     #: Producer routing cache: refresh interval and lease, in seconds.
     routing_refresh_interval: float = 5.0
     routing_lease: float = 30.0
+
+    def member_id_prefix(self, incarnation: str) -> str:
+        """What member ids of one start of this process begin with."""
+        if self.static_membership:
+            return self.member_id_base
+        # The random part is the incarnation's head: member ids stay short and
+        # still differ between starts and between processes on one host.
+        return f"{self.member_id_base}-{incarnation[:8]}"
 
     @model_validator(mode="after")
     def _check(self) -> StreamKitSettings:

@@ -51,6 +51,7 @@ from streamkit_server.core import (
     new_group,
     tick,
 )
+from streamkit_server.core.heartbeat import MemberIdInUse
 from streamkit_server.errors import ApiError
 from streamkit_server.gate import TerminatingGate
 from streamkit_server.metrics import Metrics
@@ -297,7 +298,10 @@ class HeartbeatOp:
             raise group_not_found(self.keys)
         if self.request.metadata_version > group.metadata_version:
             self.metrics.metadata_version_ahead.inc()
-        outcome = handle_heartbeat(group, self.member_id, self.request, now, self.config)
+        try:
+            outcome = handle_heartbeat(group, self.member_id, self.request, now, self.config)
+        except MemberIdInUse as refused:
+            raise ApiError(409, refused.code, str(refused)) from None
         self.response = outcome.response
         return outcome.group
 

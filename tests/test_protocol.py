@@ -63,6 +63,9 @@ _CLASS_NAME_OVERRIDES = {"MemberMetadata": "MemberView"}
 # Deliberate, documented deviations from the contract's ``required`` lists:
 # a ShardId without an index is meaningless (see ShardId's docstring).
 _EXTRA_REQUIRED = {"ShardId": {"shardIndex"}}
+# Optional fields streamkit adds to a contract schema (the reference ignores
+# unknown fields): see docs/consumer.md "Member ids".
+_EXTENSIONS = {"HeartbeatRequest": {"incarnation"}}
 
 # Inline response schemas of the contract, keyed by operationId.
 _INLINE_WRAPPERS = {
@@ -174,7 +177,9 @@ def test_every_schema_has_a_model_or_enum() -> None:
 @pytest.mark.parametrize("schema_name", OBJECT_SCHEMAS)
 def test_field_names_match_contract(schema_name: str) -> None:
     schema = _schemas()[schema_name]
-    assert _aliases(_model_for(schema_name)) == set(schema["properties"])
+    extensions = _EXTENSIONS.get(schema_name, set())
+    assert _aliases(_model_for(schema_name)) == set(schema["properties"]) | extensions
+    assert not extensions & set(_required_aliases(_model_for(schema_name)))
 
 
 @pytest.mark.parametrize("schema_name", OBJECT_SCHEMAS)

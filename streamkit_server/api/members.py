@@ -22,6 +22,11 @@ router = APIRouter(prefix=API_PREFIX, tags=["Members"])
     responses={
         400: {"model": ErrorResponse, "description": "Invalid request."},
         404: {"model": ErrorResponse, "description": "Group not found (never auto-created)."},
+        409: {
+            "model": ErrorResponse,
+            "description": "MEMBER_ID_IN_USE: a live process of another incarnation holds "
+            "this member id (streamkit clients only).",
+        },
         503: {"model": ErrorResponse, "description": "Coordinator terminating; retry another."},
     },
 )

@@ -42,13 +42,16 @@ class Draft:
         return member
 
     def add_member(self, member_id: str, request: HeartbeatRequest) -> None:
-        # Shards a fenced earlier incarnation still holds stay held, now by the
-        # new one: the join might be a late duplicate from the old incarnation,
-        # which may still be reading.  The new incarnation reads nothing yet
-        # and lets them go by omitting them from its next heartbeat.
+        # Shards a fenced earlier record of this member still holds stay held,
+        # now by the new one.  Only the same incarnation gets here while they
+        # are held (another is refused until they are free), so this is the
+        # fenced process itself: it rejoined after dropping everything, or
+        # this is a late duplicate of such a join.  It lets them go by omitting
+        # them from its next heartbeat.
         self.group.members[member_id] = MemberMetadata(
             member_id=member_id,
             member_name=request.member_name,
+            incarnation=request.incarnation,
             state=MemberState.STARTING,
             joined_at_ms=self.now,
             last_heartbeat_ms=self.now,
@@ -59,6 +62,30 @@ class Draft:
     def remove_member(self, member_id: str) -> None:
         """Graceful leave: the member says it drained, so everything it held is free."""
         self._end_member(member_id, MemberState.LEAVING)
+
+    def leave_static(self, member_id: str) -> None:
+        """A static member drained and left to restart: free what it held, but
+        keep it in the assignment until its lease runs out (counted from now),
+        so its next incarnation gets the same shards back.
+
+        A fresh epoch (also as the "previous" one) fences any late heartbeat of
+        the incarnation that left; it can no longer be granted anything.
+        """
+        for shard in self.group.shards_held_by(member_id):
+            self.release(shard)
+        self.group.last_issued_member_epoch += 1
+        epoch = self.group.last_issued_member_epoch
+        self._update_member(
+            member_id,
+            static_leave_at_ms=self.now,
+            last_heartbeat_ms=self.now,
+            member_epoch=epoch,
+            previous_member_epoch=epoch,
+            assigned=[],
+            holding=[],
+            revoke_deadline_ms=None,
+        )
+        self.observable = True
 
     def fence_member(self, member_id: str) -> None:
         """Fence a live member.  Its shards stay held until its lease must have run out.
@@ -239,7 +266,11 @@ class Draft:
         group = self.group
         # Close only once every live member applied Redis' current version.
         for member_id in group.live_member_ids():
-            if group.members[member_id].last_reported_version != group.metadata_version:
+            member = group.members[member_id]
+            # A static member away for a restart holds nothing and cannot report.
+            if member.static_leave_at_ms is not None:
+                continue
+            if member.last_reported_version != group.metadata_version:
                 return
         group.correction = None
         self.dirty = True

@@ -14,9 +14,15 @@ Rules, in the order they are applied (each names the SPEC/seed rule):
    round; never raise the stored version to match.
 4. memberEpoch 0 -> join / rejoin with empty ownership; releases nothing (it may be
    a late duplicate of an earlier join), the member lets go by omission later.
-5. memberEpoch -1 -> graceful leave.
+   A join under another incarnation than the stored member's, while that
+   member is live or still holds shards -> ``MemberIdInUse`` (two processes
+   share a member id; the second must not act as the first).
+5. memberEpoch -1 -> graceful leave; -2 (with an incarnation) -> static leave,
+   the member's target shards stay reserved until its lease ends.  A leave
+   under another incarnation is ignored (forged, or from an earlier start).
 6. memberEpoch > 0:
-   * unknown member -> UNKNOWN_MEMBER_ID; expired/fenced -> FENCED_MEMBER_EPOCH;
+   * unknown member -> UNKNOWN_MEMBER_ID; another incarnation, expired or
+     fenced -> FENCED_MEMBER_EPOCH (the stored member is left alone);
    * reported version above the stored one -> SYNC_METADATA, ownership untouched;
    * the member's previous epoch -> a retry whose response was lost: answer with
      the current view, change no ownership (a late duplicate must not release
@@ -32,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamkit.protocol import (
+    LEAVE_EPOCH,
+    STATIC_LEAVE_EPOCH,
     AssignmentView,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -44,6 +52,21 @@ from streamkit.protocol import (
 from .config import CoordinatorConfig
 from .draft import Draft
 from .model import GroupMetadata, MemberMetadata
+
+
+class MemberIdInUse(Exception):
+    """A join for a member id that a live process of another incarnation holds."""
+
+    code = "MEMBER_ID_IN_USE"
+
+    def __init__(self, member_id: str, holder_name: str | None) -> None:
+        holder = f" ({holder_name})" if holder_name else ""
+        super().__init__(
+            f"member id {member_id!r} is in use by another process{holder}; two processes "
+            "must not share a member id (the join is retried once the holder's lease has ended)"
+        )
+        self.member_id = member_id
+        self.holder_name = holder_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +89,9 @@ def handle_heartbeat(
         return _reject(group, request, HeartbeatStatus.UNSUPPORTED_PROTOCOL, config)
     if request.member_id != member_id:
         return _reject(group, request, HeartbeatStatus.INVALID_REQUEST, config)
-    if request.member_epoch < -1:
+    if request.member_epoch < LEAVE_EPOCH and not (
+        request.member_epoch == STATIC_LEAVE_EPOCH and request.incarnation
+    ):
         return _reject(group, request, HeartbeatStatus.INVALID_REQUEST, config)
 
     draft = Draft(group, now_ms, config)
@@ -76,12 +101,16 @@ def handle_heartbeat(
 
     if request.member_epoch == 0:
         return _join(draft, request)
-    if request.member_epoch == -1:
+    if request.member_epoch < 0:
         return _leave(draft, request)
 
     member = draft.group.members.get(member_id)
     if member is None or member.state is MemberState.LEAVING:
         return _fence(draft, request, HeartbeatStatus.UNKNOWN_MEMBER_ID)
+    if member.incarnation != request.incarnation:
+        # Another process using this member id (or an earlier start of this
+        # one): it is told it is not the member; the member itself is untouched.
+        return _fence(draft, request, HeartbeatStatus.FENCED_MEMBER_EPOCH)
     if not member.live:
         return _fence(draft, request, HeartbeatStatus.FENCED_MEMBER_EPOCH)
     if request.metadata_version > draft.group.metadata_version:
@@ -139,7 +168,16 @@ def _join(draft: Draft, request: HeartbeatRequest) -> HeartbeatOutcome:
         # claims here would let a member that was fenced keep reading.
         return _reject(draft.original, request, HeartbeatStatus.INVALID_REQUEST, draft.config)
     existing = draft.group.members.get(member_id)
-    if existing is None or not existing.live:
+    if existing is not None and existing.incarnation != request.incarnation:
+        if existing.static_leave_at_ms is None and (
+            existing.live or draft.group.shards_held_by(member_id)
+        ):
+            # The holder may be reading (live, or fenced inside its lease):
+            # this join is another process, and must wait until it is gone.
+            raise MemberIdInUse(member_id, existing.member_name)
+        # The earlier incarnation is gone and reads nothing, or left to restart.
+        draft.add_member(member_id, request)
+    elif existing is None or not existing.live or existing.static_leave_at_ms is not None:
         draft.add_member(member_id, request)
     # A join from a live member is a retried join whose answer was lost, a
     # restarted process, or a late duplicate of the join that arrived after
@@ -156,18 +194,27 @@ def _join(draft: Draft, request: HeartbeatRequest) -> HeartbeatOutcome:
 
 def _leave(draft: Draft, request: HeartbeatRequest) -> HeartbeatOutcome:
     member = draft.group.members.get(request.member_id)
+    if member is not None and member.incarnation != request.incarnation:
+        # A forged leave, or a late one from an earlier start of the process:
+        # the member of this incarnation may be reading, so nothing is freed.
+        return _fence(draft, request, HeartbeatStatus.FENCED_MEMBER_EPOCH)
     if member is not None and member.state in (
         MemberState.STARTING,
         MemberState.ACTIVE,
         MemberState.FENCED,
     ):
-        # The member drained before leaving (that is the contract of -1), so its
-        # shards move at once, without waiting for a lease.
-        draft.remove_member(request.member_id)
+        # The member drained before leaving (that is the contract of a leave),
+        # so its shards move at once, without waiting for a lease.
+        if request.member_epoch == STATIC_LEAVE_EPOCH and member.live:
+            draft.leave_static(request.member_id)
+        else:
+            draft.remove_member(request.member_id)
     group = draft.finish()
     return HeartbeatOutcome(
         group=group,
-        response=_response(group, request, HeartbeatStatus.OK, -1, [], [], draft.config),
+        response=_response(
+            group, request, HeartbeatStatus.OK, request.member_epoch, [], [], draft.config
+        ),
         changed=group is not draft.original,
     )
 

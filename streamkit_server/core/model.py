@@ -46,6 +46,14 @@ class MemberMetadata(_Aggregate):
     member_id: str
     member_name: str | None = None
     state: MemberState = MemberState.STARTING
+    # The per-start token of the process behind this member id (None for
+    # clients that send none): a join, heartbeat or leave under another
+    # incarnation comes from a different process and must not act as this one.
+    incarnation: str | None = None
+    # Set when a static member left to restart (memberEpoch -2): it drained and
+    # holds nothing, but its target shards stay reserved for its member id
+    # until its lease runs out, so a rolling restart moves nothing.
+    static_leave_at_ms: int | None = None
     member_epoch: int = 0
     # The epoch before the last bump: a heartbeat carrying it is a retry whose
     # response was lost, answered with the current view instead of a fence.

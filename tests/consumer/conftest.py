@@ -55,6 +55,7 @@ def app_process(
         module: str = "recording",
         coordinator_process: CoordinatorProcess | None = None,
         args: tuple[str, ...] = (),
+        settings: dict[str, str] | None = None,
         **extra: object,
     ) -> AppProcess:
         record = tmp_path / f"{base}-{len(started)}.rec"
@@ -67,6 +68,7 @@ def app_process(
             record=record,
             **extra,
         )
+        env.update(settings or {})  # STREAMKIT_* overrides
         proc = AppProcess(
             f"tests.consumer.apps.{module}:app",
             env,

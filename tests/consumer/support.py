@@ -4,6 +4,7 @@ read-interval records and the single-reader check."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,6 +51,18 @@ async def eventually(
         await anyio.sleep(interval)
 
 
+_INCARNATION_PART = re.compile(r"-[0-9a-f]{8}(?=-m\d+\b)")
+
+
+def logical(member_id: str) -> str:
+    """``a-1f2e3d4c-m0`` -> ``a-m0``: a member id without its per-start part.
+
+    Tests name processes by ``STREAMKIT_MEMBER_ID_BASE``; each start of a
+    process adds a random part to its member ids (see ``member_id_prefix``).
+    """
+    return _INCARNATION_PART.sub("", member_id)
+
+
 class Admin:
     """The coordinator's admin and monitoring API, over real HTTP."""
 
@@ -72,18 +85,22 @@ class Admin:
             )
             assert response.status_code in (200, 201), response.text
 
-    async def owners(self, prefix: str, group: str) -> dict[str, list[int]]:
-        """memberId -> shards it currently holds (current assignment)."""
+    async def owners(self, prefix: str, group: str, *, raw: bool = False) -> dict[str, list[int]]:
+        """memberId -> shards it currently holds (current assignment).
+
+        Member ids are ``logical`` unless ``raw``.
+        """
         body = AssignmentsResponse.from_wire(
             await self._get(f"/coord/v1/monitoring/streams/{prefix}/groups/{group}/assignments")
         )
-        return {m: shard_indexes(s) for m, s in body.current_assignments.items() if s}
+        name = (lambda m: m) if raw else logical
+        return {name(m): shard_indexes(s) for m, s in body.current_assignments.items() if s}
 
     async def targets(self, prefix: str, group: str) -> dict[str, list[int]]:
         body = AssignmentsResponse.from_wire(
             await self._get(f"/coord/v1/monitoring/streams/{prefix}/groups/{group}/assignments")
         )
-        return {m: shard_indexes(s) for m, s in body.target_assignment.items() if s}
+        return {logical(m): shard_indexes(s) for m, s in body.target_assignment.items() if s}
 
     async def consumption(self, prefix: str, group: str) -> ConsumptionProgressResponse:
         return ConsumptionProgressResponse.from_wire(
@@ -253,10 +270,11 @@ def parse_records(paths: Iterable[Path], died_ns: Mapping[int, int]) -> Records:
             kind = parts[0]
             if kind == "B":
                 _, shard, member, epoch, pid_s, t = parts
-                open_reads[(int(shard), f"{member}@{pid_s}")].append((int(epoch), int(t)))
+                reader = f"{logical(member)}@{pid_s}"
+                open_reads[(int(shard), reader)].append((int(epoch), int(t)))
             elif kind == "E":
                 _, shard, member, epoch, pid_s, t, _count = parts
-                key = (int(shard), f"{member}@{pid_s}")
+                key = (int(shard), f"{logical(member)}@{pid_s}")
                 ep, start = open_reads[key].popleft()
                 reads.append(ReadInterval(int(shard), key[1], ep, start, int(t)))
             elif kind == "H":
@@ -317,9 +335,10 @@ class MemoryRecorder:
         self.handled: list[tuple[int, str, str]] = []  # (shard, entry id, member)
 
     def read_started(self, shard: int, member_id: str, epoch: int) -> None:
-        self._open[(shard, member_id)].append((epoch, time.monotonic_ns()))
+        self._open[(shard, logical(member_id))].append((epoch, time.monotonic_ns()))
 
     def read_finished(self, shard: int, member_id: str, epoch: int, count: int) -> None:
+        member_id = logical(member_id)
         started_epoch, start = self._open[(shard, member_id)].popleft()
         self.reads.append(ReadInterval(shard, member_id, started_epoch, start, time.monotonic_ns()))
 

@@ -44,6 +44,7 @@ def request(
     protocol_version: int = 1,
     body_member_id: str | None = None,
     request_id: str = "r",
+    incarnation: str | None = None,
 ) -> HeartbeatRequest:
     reports = [
         RevokingShardReport(
@@ -67,6 +68,7 @@ def request(
         ),
         owned_shards=shard_ids(owned),
         revoking_shards=reports,
+        incarnation=incarnation,
     )
 
 

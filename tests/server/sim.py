@@ -78,8 +78,10 @@ class SimMember:
         member_id: str,
         *,
         auto_revoke: bool = True,
+        incarnation: str | None = None,
     ) -> None:
         self.http = http
+        self.incarnation = incarnation
         self.base_url = base_url
         self.prefix = prefix
         self.group = group
@@ -127,6 +129,7 @@ class SimMember:
                 {"shardIndex": s} for s in sorted(self.owned if owned is None else owned)
             ],
             "revokingShards": revoking,
+            **({"incarnation": self.incarnation} if self.incarnation else {}),
         }
 
     async def post(self, body: dict[str, Any], base_url: str | None = None) -> httpx.Response:
