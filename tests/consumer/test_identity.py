@@ -162,3 +162,41 @@ async def _owners_are(
     if await admin.owners(prefix, group, raw=True) != expected:
         return False
     return proc is None or set(await members_of(admin, prefix, group, proc)) == set(expected)
+
+
+async def test_static_rolling_restart_moves_nothing(
+    any_redis: Any, coordinator_factory: Any, names: tuple[str, str], app_process: Any
+) -> None:
+    """A static member that stops gracefully keeps its shards reserved for its
+    restart; the other process's share never changes meanwhile."""
+    coordinator = coordinator_factory(any_redis, member_lease_ttl_ms=10_000)
+    admin = Admin(coordinator)
+    prefix, group = names
+    await admin.create_group(prefix, group, 4)
+    static = {"STREAMKIT_STATIC_MEMBERSHIP": "true"}
+    a = app_process("a", prefix, group, settings=static, coordinator_process=coordinator)
+    b = app_process("b", prefix, group, settings=static, coordinator_process=coordinator)
+
+    async def spread() -> bool:
+        owners = await admin.owners(prefix, group, raw=True)
+        return settled_ownership(owners, ["a-m0", "b-m0"], 4)
+
+    await eventually(spread, 30, "a and b share 4 shards")
+    before = await admin.owners(prefix, group, raw=True)
+    assert await a.terminate() == 0, a.logs()
+    assert "a-m0: left the group" in a.logs()
+    states = {m.member_id: str(m.state) for m in (await admin.members(prefix, group)).members}
+    assert states["a-m0"] == "ACTIVE", states  # reserved, not gone
+    a2 = app_process("a", prefix, group, settings=static, coordinator_process=coordinator)
+
+    async def a2_back() -> bool:
+        return await admin.owners(prefix, group, raw=True) == before and set(
+            await members_of(admin, prefix, group, a2)
+        ) == {"a-m0"}
+
+    await eventually(a2_back, 20, "a's restart back on its own shards")
+    # b never held a's shards while a restarted.
+    assert "b-m0: assigned shards" in b.logs()
+    assert b.logs().count("assigned shards") == 1, b.logs()
+    assert await a2.terminate() == 0
+    assert await b.terminate() == 0
