@@ -14,6 +14,10 @@ def default_member_id_base() -> str:
     return os.environ.get("POD_IP") or socket.gethostname()
 
 
+def _secret(value: SecretStr | None) -> str | None:
+    return None if value is None else value.get_secret_value()
+
+
 class StreamKitSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="STREAMKIT_", env_file=".env", extra="ignore", frozen=True
@@ -37,6 +41,14 @@ class StreamKitSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> StreamKitSettings:
+        for name, value in (
+            ("COORDINATOR_USERNAME", self.coordinator_username),
+            ("COORDINATOR_PASSWORD", _secret(self.coordinator_password)),
+            ("COORDINATOR_TOKEN", _secret(self.coordinator_token)),
+        ):
+            # A blank value looks configured but authenticates nobody.
+            if value is not None and not value.strip():
+                raise ValueError(f"STREAMKIT_{name} is empty or blank; unset it or give a value")
         if bool(self.coordinator_username) != bool(self.coordinator_password):
             raise ValueError(
                 "set both STREAMKIT_COORDINATOR_USERNAME and STREAMKIT_COORDINATOR_PASSWORD, "
