@@ -294,7 +294,7 @@ class ShardSession:
             try:
                 if self.may_read():
                     try:
-                        entries, redelivered = await self._read_batch(granted)
+                        entries, redelivered = await self._read_within_lease(granted)
                     except (RedisError, OSError) as exc:
                         error = exc
                     else:
@@ -310,6 +310,26 @@ class ShardSession:
                 failures += 1
                 self._log_read_error(error, failures)
                 await self._interruptibly(anyio.sleep(_backoff_s(failures)))
+
+    async def _read_within_lease(self, count: int) -> tuple[list[tuple[bytes, Any]], bool]:
+        """``_read_batch``, abandoned when the assignment lease ends first.
+
+        A Redis that stops answering (paused, black-holed) must not keep a
+        read going past the lease: by then the coordinator may have handed the
+        shard to another member.  Cancelling closes the connection, so a reply
+        that arrives later is never handled; whatever Redis delivered to us
+        stays pending and is claimed by the next owner.
+        """
+        remaining_ms = self._poller.machine.lease_remaining_ms(monotonic_ms())
+        with anyio.move_on_after(remaining_ms / 1000):
+            return await self._read_batch(count)
+        log.warning(
+            "%s: Redis did not answer a read of %s before the assignment lease ended; "
+            "stopped reading it",
+            self.member_id,
+            self.stream_key,
+        )
+        return [], False
 
     async def _read_batch(self, count: int) -> tuple[list[tuple[bytes, Any]], bool]:
         """The next entries: claimed leftovers first, then redeliveries, then new."""

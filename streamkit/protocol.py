@@ -521,6 +521,10 @@ class HeartbeatResponse(WireModel):
     assignment_epoch: Int64 | None = None
     metadata_version: Int64 | None = None
     assignment: AssignmentView | None = None
+    # streamkit extension (reference clients ignore it): the coordinator's
+    # member lease TTL, so a member can refuse a local assignment lease that
+    # would outlive it (it would read after its shards were handed away).
+    member_lease_ttl_ms: Int64 | None = None
 
 
 # --------------------------------------------------------------------------

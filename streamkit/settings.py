@@ -33,8 +33,13 @@ class StreamKitSettings(BaseSettings):
     redis_cluster: bool = False
     member_id_base: str = Field(default_factory=default_member_id_base)
     #: Local assignment lease in ms; must not exceed the coordinator's member
-    #: lease TTL. Unset: two heartbeat intervals (always within the TTL).
-    assignment_lease_ms: int | None = None
+    #: lease TTL (checked against the coordinator's answer: a member refuses
+    #: to start otherwise). Unset: two heartbeat intervals (always within it).
+    assignment_lease_ms: int | None = Field(default=None, ge=1)
+    #: Data-plane Redis: seconds to connect, and seconds any command may take
+    #: (must exceed every listener's block_ms).
+    redis_connect_timeout: float = Field(default=5.0, gt=0)
+    redis_socket_timeout: float = Field(default=10.0, gt=0)
     #: Producer routing cache: refresh interval and lease, in seconds.
     routing_refresh_interval: float = 5.0
     routing_lease: float = 30.0

@@ -33,7 +33,9 @@ async def heartbeat(
     _principal: Annotated[Principal | None, Depends(require_member)],
 ) -> Response:
     validate_member_id(memberId)
-    response = await runtime(request).service.heartbeat(keys, memberId, body)
+    service = runtime(request).service
+    response = await service.heartbeat(keys, memberId, body)
+    response.member_lease_ttl_ms = service.config.member_lease_ttl_ms
     # Serialised once by pydantic-core; skips FastAPI's response re-validation
     # on the hottest path.
     return Response(response.model_dump_json(by_alias=True), media_type="application/json")

@@ -18,8 +18,10 @@ __all__ = ["MAX_SHARD_COUNT", "RECORDS_PER_MEMBER_SLOT", "join_refusal"]
 
 #: Shards of one stream, for ``initialShardCount`` and ``targetShardCount``
 #: alike.  Creating or scaling provisions one Redis stream per shard while the
-#: stream's lock is held, and every heartbeat of the group carries the layout.
-MAX_SHARD_COUNT: Final = 65_536
+#: stream's lock is held (its TTL is a few seconds), and every heartbeat of the
+#: group loads the layout: 4096 shards provision in about 1.5 s on a loaded
+#: 2-core machine, 65536 took more than a minute.
+MAX_SHARD_COUNT: Final = 4_096
 
 #: Records of departed members stay for a retention period; with churn they
 #: may outnumber the live ones, but not without bound.

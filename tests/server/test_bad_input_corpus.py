@@ -216,9 +216,7 @@ async def _snapshot(r: AsyncRedisClient) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def corpus_coordinator(
-    redis_url: str, coordinator_factory: Any
-) -> CoordinatorProcess:
+async def corpus_coordinator(redis_url: str, coordinator_factory: Any) -> CoordinatorProcess:
     target = RedisTarget(url=redis_url, cluster=False)
     coord: CoordinatorProcess = coordinator_factory(
         target,
