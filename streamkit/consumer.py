@@ -36,7 +36,7 @@ from streamkit.errors import StreamkitError
 from streamkit.lifecycle import ShardContext, ShardLifecycle, monotonic_ms
 from streamkit.member import MemberStateMachine, Reaction, ReactionKind
 from streamkit.poller import ShardPoller
-from streamkit.protocol import HeartbeatRequest, HeartbeatResponse
+from streamkit.protocol import HeartbeatAnswer, HeartbeatRequest, HeartbeatResponse
 
 __all__ = ["AssignmentLeaseError", "GroupNotFoundError", "MemberRejectedError", "MemberRuntime"]
 
@@ -217,7 +217,7 @@ class MemberRuntime:
         machine = self.machine
         first = not self._answered_once
         self._answered_once = True
-        if response.member_lease_ttl_ms is not None:
+        if isinstance(response, HeartbeatAnswer) and response.member_lease_ttl_ms is not None:
             self._check_lease(response.member_lease_ttl_ms, first)
         reactions = machine.on_response(response)
         delay_ms = machine.heartbeat_interval_ms

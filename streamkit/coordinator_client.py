@@ -25,8 +25,8 @@ from streamkit.protocol import (
     API_PREFIX,
     ErrorResponse,
     GroupResponse,
+    HeartbeatAnswer,
     HeartbeatRequest,
-    HeartbeatResponse,
     LoginResponse,
     ProducerRoutingResponse,
     WireModel,
@@ -183,12 +183,12 @@ class CoordinatorClient:
 
     async def heartbeat(
         self, stream_prefix: str, consumer_group: str, request: HeartbeatRequest
-    ) -> HeartbeatResponse:
+    ) -> HeartbeatAnswer:
         path = (
             self.group_path(stream_prefix, consumer_group)
             + f"/members/{_segment(request.member_id)}/heartbeat"
         )
-        return await self._call("POST", path, HeartbeatResponse, body=request)
+        return await self._call("POST", path, HeartbeatAnswer, body=request)
 
     async def _call(
         self, method: str, path: str, model: type[M], *, body: WireModel | None = None

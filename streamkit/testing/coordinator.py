@@ -25,13 +25,20 @@ import httpx
 
 from streamkit.testing.redis_server import HOST, _die_with_parent_hook, free_port
 
-__all__ = ["TEST_ADMIN_PASSWORD", "TEST_ADMIN_USERNAME", "CoordinatorError", "CoordinatorProcess"]
+__all__ = [
+    "TEST_ADMIN_PASSWORD",
+    "TEST_ADMIN_USERNAME",
+    "TEST_TOKEN_SECRET",
+    "CoordinatorError",
+    "CoordinatorProcess",
+]
 
 #: The credentials every launched coordinator gets unless told otherwise.  The
 #: member API needs them too (it is authenticated by default), so simulated
 #: members send them.
 TEST_ADMIN_USERNAME = "admin"
 TEST_ADMIN_PASSWORD = "streamkit-test-password"
+TEST_TOKEN_SECRET = "streamkit-test-token-secret"
 
 _STARTUP_ATTEMPTS = 3
 
@@ -69,7 +76,7 @@ class CoordinatorProcess:
         cluster: bool = False,
         admin_username: str = TEST_ADMIN_USERNAME,
         admin_password: str = TEST_ADMIN_PASSWORD,
-        token_secret: str | None = "streamkit-test-token-secret",
+        token_secret: str | None = TEST_TOKEN_SECRET,
         heartbeat_interval_ms: int | None = 200,
         member_lease_ttl_ms: int | None = 1_500,
         rebalance_timeout_ms: int | None = 3_000,

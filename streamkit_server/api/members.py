@@ -6,7 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from streamkit.protocol import API_PREFIX, ErrorResponse, HeartbeatRequest, HeartbeatResponse
+from streamkit.protocol import (
+    API_PREFIX,
+    ErrorResponse,
+    HeartbeatAnswer,
+    HeartbeatRequest,
+    HeartbeatResponse,
+)
 from streamkit_server.api.deps import group_keys, require_member, runtime
 from streamkit_server.provisioning import validate_member_id
 from streamkit_server.security import Principal
@@ -34,8 +40,10 @@ async def heartbeat(
 ) -> Response:
     validate_member_id(memberId)
     service = runtime(request).service
-    response = await service.heartbeat(keys, memberId, body)
-    response.member_lease_ttl_ms = service.config.member_lease_ttl_ms
+    decided = await service.heartbeat(keys, memberId, body)
+    response = HeartbeatAnswer.model_construct(
+        **dict(decided), member_lease_ttl_ms=service.config.member_lease_ttl_ms
+    )
     # Serialised once by pydantic-core; skips FastAPI's response re-validation
     # on the hottest path.
     return Response(response.model_dump_json(by_alias=True), media_type="application/json")
