@@ -12,7 +12,8 @@ validation error; the served schema still says ``minimum: 0``.
 Bounds the reference leaves open are closed here (400 beyond them):
 ``initialShardCount`` is at most ``MAX_SHARD_COUNT``, the same bound as a
 scale, and ``requestedBy`` (and ``reason`` where the reference requires it)
-must not be blank: an audit record naming nobody is worthless.
+must not be blank: an audit record naming nobody is worthless.  The shard
+lists of a heartbeat hold at most ``MAX_SHARD_COUNT`` entries.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 from streamkit import protocol as wire
-from streamkit.protocol import Int32, TextStr
+from streamkit.protocol import (
+    Int32,
+    RevokingShardReport,
+    ShardConsumptionProgress,
+    ShardId,
+    TextStr,
+)
 from streamkit_server.core import MAX_SHARD_COUNT
 from streamkit_server.streams import Ordering
 
@@ -32,6 +39,7 @@ __all__ = [
     "CreateGroupRequest",
     "CreateStreamRequest",
     "DeleteGroupRequest",
+    "HeartbeatRequest",
     "RollbackMigrationRequest",
     "ScaleGroupRequest",
     "ScaleStreamRequest",
@@ -93,6 +101,19 @@ class ScaleGroupRequest(wire.ScaleGroupRequest):
     requested_by: RequiredText
     reason: RequiredText
     ordering: Ordering | None = _ORDERING
+
+
+class HeartbeatRequest(wire.HeartbeatRequest):
+    # A member reports each shard of the stream at most once per list.
+    owned_shards: list[ShardId] = Field(
+        default_factory=list, json_schema_extra={"uniqueItems": True}, max_length=MAX_SHARD_COUNT
+    )
+    revoking_shards: list[RevokingShardReport] = Field(
+        default_factory=list, max_length=MAX_SHARD_COUNT
+    )
+    shard_progress: list[ShardConsumptionProgress] = Field(
+        default_factory=list, max_length=MAX_SHARD_COUNT
+    )
 
 
 class RollbackMigrationRequest(wire.RollbackMigrationRequest):

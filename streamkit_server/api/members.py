@@ -10,9 +10,9 @@ from streamkit.protocol import (
     API_PREFIX,
     ErrorResponse,
     HeartbeatAnswer,
-    HeartbeatRequest,
     HeartbeatResponse,
 )
+from streamkit_server.api.bodies import HeartbeatRequest
 from streamkit_server.api.deps import group_keys, require_member, runtime
 from streamkit_server.provisioning import validate_member_id
 from streamkit_server.security import Principal
