@@ -26,13 +26,11 @@ def token_secret_key(key_prefix: str) -> str:
 async def shared_token_secret(client: RedisClient, key_prefix: str) -> bytes:
     """The stored secret, creating it first when there is none (race-free: SET NX)."""
     key = token_secret_key(key_prefix)
-    candidate = secrets.token_hex(SECRET_BYTES)
-    await client.set(key, candidate, nx=True)
-    stored = await client.get(key)
-    if not stored:
-        # Deleted between the two commands (an operator rotating it): ours is
-        # as good as any, and the next start will agree on whatever is stored.
-        await client.set(key, candidate)
-        stored = candidate
-    text = stored.decode() if isinstance(stored, bytes) else str(stored)
-    return text.encode()
+    for _attempt in range(3):
+        await client.set(key, secrets.token_hex(SECRET_BYTES), nx=True)
+        stored = await client.get(key)
+        # None only if an operator deleted the key (rotation) between the two
+        # commands: create it again rather than use a secret nobody shares.
+        if stored:
+            return stored if isinstance(stored, bytes) else str(stored).encode()
+    raise RuntimeError(f"could not create or read the shared token secret at {key!r}")
