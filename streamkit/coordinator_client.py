@@ -12,6 +12,7 @@ long-running process survives it instead of exiting.
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Generator
 from types import TracebackType
@@ -60,7 +61,9 @@ class _CoordinatorAuth(httpx.Auth):
     requires_response_body = True
 
     def __init__(self, username: str | None, password: str | None, token: str | None) -> None:
-        self._credentials = (username, password) if username and password else None
+        self._credentials: tuple[str, str] | None = (
+            (username, password) if username and password else None
+        )
         self._token = token
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
@@ -68,8 +71,7 @@ class _CoordinatorAuth(httpx.Auth):
         if self._token is None and self._credentials is not None:
             yield from self._login(request)
             fresh = True
-        if self._token is not None:
-            request.headers["Authorization"] = f"Bearer {self._token}"
+        self._authorize(request)
         response = yield request
         if response.status_code != 401 or fresh or self._credentials is None:
             return
@@ -78,9 +80,17 @@ class _CoordinatorAuth(httpx.Auth):
             _error_text(response),
         )
         yield from self._login(request)
+        self._authorize(request)
+        yield request
+
+    def _authorize(self, request: httpx.Request) -> None:
         if self._token is not None:
             request.headers["Authorization"] = f"Bearer {self._token}"
-            yield request
+        elif self._credentials is not None:
+            # The login failed (a 503 from a terminating coordinator, say):
+            # Basic credentials still get this request its real answer.
+            pair = ":".join(self._credentials).encode()
+            request.headers["Authorization"] = f"Basic {base64.b64encode(pair).decode()}"
 
     def _login(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         assert self._credentials is not None
@@ -91,10 +101,8 @@ class _CoordinatorAuth(httpx.Auth):
         login = httpx.Request("POST", url, json={"username": username, "password": password})
         response = yield login
         if response.status_code != 200:
-            # Send the request without a token: its 401 (or whatever the
-            # coordinator answers) then carries the reason to the caller.
             self._token = None
-            log.error("coordinator login failed: %s", _error_text(response))
+            log.warning("coordinator login failed: %s", _error_text(response))
             return
         try:
             self._token = LoginResponse.from_wire(response.content).access_token

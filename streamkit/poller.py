@@ -584,11 +584,11 @@ class ShardSession:
         )
 
 
-@dataclass(slots=True)
 class _LeaseCut(Exception):
     """A Redis command was abandoned because the assignment lease ended."""
 
 
+@dataclass(slots=True)
 class _Tally:
     count: int = 0
 
