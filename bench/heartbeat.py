@@ -153,7 +153,9 @@ async def _scenario(
     coord: CoordinatorProcess, groups: int, per_group: int, seconds: float, trivial_too: bool
 ) -> list[Result]:
     limits = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
-    async with httpx.AsyncClient(base_url=coord.url, limits=limits, timeout=30) as http:
+    async with httpx.AsyncClient(
+        base_url=coord.url, limits=limits, timeout=30, auth=coord.member_auth
+    ) as http:
         prefix = f"g{groups}x{per_group}"
         names = [f"{prefix}-{g}" for g in range(groups)]
         for name in names:

@@ -52,8 +52,8 @@ def _access(route: Any, operation: dict[str, Any]) -> str:
     for call in _walk(route.dependant):
         if call is deps.require_member:
             return (
-                "open by default; role `MEMBER` when "
-                "`STREAMKIT_SERVER_AUTHENTICATE_MEMBER_API=true`"
+                "Basic or Bearer, role `MEMBER` (open only with the unsafe "
+                "`STREAMKIT_SERVER_INSECURE_MEMBER_API=true`)"
             )
         if getattr(call, "__qualname__", "").startswith("require."):
             role = inspect.getclosurevars(call).nonlocals.get("role")

@@ -250,7 +250,12 @@ class StreamKit:
     def redis(self) -> AsyncRedis:
         if self._redis is None:
             settings = self.settings
-            self._redis = connect_redis(settings.redis_url, cluster=settings.redis_cluster)
+            self._redis = connect_redis(
+                settings.redis_url,
+                cluster=settings.redis_cluster,
+                connect_timeout=settings.redis_connect_timeout,
+                socket_timeout=settings.redis_socket_timeout,
+            )
         return self._redis
 
     # -- lifecycle -------------------------------------------------------------------
@@ -368,6 +373,17 @@ class StreamKit:
         base = settings.member_id_prefix(incarnation)
         members: list[MemberRuntime] = []
         for listener in self._listeners:
+            if (
+                self._owns_redis
+                and listener.options.block_ms >= settings.redis_socket_timeout * 1000
+            ):
+                # Every idle read would time out on the socket instead of
+                # returning empty, and be logged as a Redis failure.
+                raise ListenerConfigError(
+                    f"listener {listener.stream_prefix}/{listener.consumer_group}: block_ms="
+                    f"{listener.options.block_ms} must be below STREAMKIT_REDIS_SOCKET_TIMEOUT "
+                    f"({settings.redis_socket_timeout:g} s)"
+                )
             handler = listener.async_handler()
             factory = (
                 None

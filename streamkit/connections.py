@@ -10,12 +10,29 @@ import redis.asyncio
 AsyncRedis: TypeAlias = redis.asyncio.Redis | redis.asyncio.RedisCluster
 
 
-def connect_redis(url: str, *, cluster: bool = False, **options: Any) -> AsyncRedis:
+#: Defaults for the data plane: a connection that is black-holed (no RST, no
+#: answer) fails a command after this long instead of hanging it forever.
+#: The poller additionally abandons any read at the end of its lease.
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_SOCKET_TIMEOUT_S = 10.0
+
+
+def connect_redis(
+    url: str,
+    *,
+    cluster: bool = False,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+    socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
+    **options: Any,
+) -> AsyncRedis:
     """A lazily connecting client: no I/O happens until the first command.
 
     With ``cluster=True`` the URL names one startup node; the client discovers
     the rest and routes each shard key to the primary owning its slot.
+    ``socket_timeout`` must exceed the longest ``BLOCK`` a reader uses.
     """
+    options.setdefault("socket_connect_timeout", connect_timeout)
+    options.setdefault("socket_timeout", socket_timeout)
     if cluster:
         return redis.asyncio.RedisCluster.from_url(url, **options)
     return redis.asyncio.Redis.from_url(url, **options)

@@ -36,9 +36,15 @@ from streamkit.errors import StreamkitError
 from streamkit.lifecycle import ShardContext, ShardLifecycle, monotonic_ms
 from streamkit.member import MemberStateMachine, Reaction, ReactionKind
 from streamkit.poller import ShardPoller
-from streamkit.protocol import HeartbeatRequest, HeartbeatResponse, HeartbeatStatus
+from streamkit.protocol import HeartbeatAnswer, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus
 
-__all__ = ["MEMBER_ID_IN_USE", "GroupNotFoundError", "MemberRejectedError", "MemberRuntime"]
+__all__ = [
+    "MEMBER_ID_IN_USE",
+    "AssignmentLeaseError",
+    "GroupNotFoundError",
+    "MemberRejectedError",
+    "MemberRuntime",
+]
 
 log = logging.getLogger("streamkit.consumer")
 
@@ -66,6 +72,10 @@ class GroupNotFoundError(StreamkitError):
 
 class MemberRejectedError(StreamkitError):
     """The coordinator refused this member's heartbeats before it ever joined."""
+
+
+class AssignmentLeaseError(StreamkitError):
+    """The local assignment lease would outlive the coordinator's member lease."""
 
 
 class MemberRuntime:
@@ -234,6 +244,8 @@ class MemberRuntime:
         machine = self.machine
         first = not self._answered_once
         self._answered_once = True
+        if isinstance(response, HeartbeatAnswer) and response.member_lease_ttl_ms is not None:
+            self._check_lease(response.member_lease_ttl_ms, first)
         reactions = machine.on_response(response)
         delay_ms = machine.heartbeat_interval_ms
         for reaction in reactions:
@@ -264,6 +276,29 @@ class MemberRuntime:
         if self.poller is not None:
             self.poller.notify()
         return delay_ms
+
+    def _check_lease(self, coordinator_ttl_ms: int, first: bool) -> None:
+        """Refuse a local lease that outlives the coordinator's member lease.
+
+        The coordinator hands a silent member's shards away once its lease TTL
+        has passed since the last heartbeat it received; a member reading for
+        longer than that after its last answered heartbeat would read next to
+        the new owner.  (The default, two heartbeat intervals, always fits.)
+        """
+        local = self.machine.lease_ms
+        if local is None or local <= coordinator_ttl_ms:
+            return
+        message = (
+            f"STREAMKIT_ASSIGNMENT_LEASE_MS={local} exceeds the coordinator's member lease "
+            f"TTL ({coordinator_ttl_ms} ms): member {self.member_id} could keep reading after "
+            "the coordinator hands its shards to another member; set it to at most "
+            f"{coordinator_ttl_ms} or leave it unset"
+        )
+        if first:
+            raise AssignmentLeaseError(message)
+        # The coordinators were reconfigured under a running member: stay safe.
+        log.error("%s; using %d ms from now on", message, coordinator_ttl_ms)
+        self.machine.lease_ms = coordinator_ttl_ms
 
     def _reject(self, reaction: Reaction, first: bool) -> None:
         message = (

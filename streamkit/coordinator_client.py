@@ -2,10 +2,19 @@
 
 It only moves wire models over HTTP; every protocol decision lives in
 ``streamkit.member`` (consumers) and ``streamkit.routing_cache`` (producers).
+
+Credentials: a user and password are traded for a bearer token at
+``POST /coord/v1/auth/login`` on first use; a configured token is used as is.
+A 401 mid-run (the token expired, or the coordinators' signing secret was
+rotated) makes the client log in again, once, and repeat the request, so a
+long-running process survives it instead of exiting.
 """
 
 from __future__ import annotations
 
+import base64
+import logging
+from collections.abc import Generator
 from types import TracebackType
 from typing import Self, TypeVar
 from urllib.parse import quote
@@ -17,14 +26,16 @@ from streamkit.protocol import (
     API_PREFIX,
     ErrorResponse,
     GroupResponse,
+    HeartbeatAnswer,
     HeartbeatRequest,
-    HeartbeatResponse,
+    LoginResponse,
     ProducerRoutingResponse,
     WireModel,
 )
 from streamkit.settings import StreamKitSettings
 
 M = TypeVar("M", bound=WireModel)
+log = logging.getLogger("streamkit.coordinator")
 
 
 class CoordinatorError(StreamkitError):
@@ -44,6 +55,70 @@ def _segment(value: str) -> str:
     return quote(value, safe="")
 
 
+class _CoordinatorAuth(httpx.Auth):
+    """Bearer tokens, obtained (and renewed on a 401) through the login endpoint."""
+
+    requires_response_body = True
+
+    def __init__(self, username: str | None, password: str | None, token: str | None) -> None:
+        self._credentials: tuple[str, str] | None = (
+            (username, password) if username and password else None
+        )
+        self._token = token
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        fresh = False
+        if self._token is None and self._credentials is not None:
+            yield from self._login(request)
+            fresh = True
+        self._authorize(request)
+        response = yield request
+        if response.status_code != 401 or fresh or self._credentials is None:
+            return
+        log.warning(
+            "coordinator refused our bearer token (%s); logging in again",
+            _error_text(response),
+        )
+        yield from self._login(request)
+        self._authorize(request)
+        yield request
+
+    def _authorize(self, request: httpx.Request) -> None:
+        if self._token is not None:
+            request.headers["Authorization"] = f"Bearer {self._token}"
+        elif self._credentials is not None:
+            # The login failed (a 503 from a terminating coordinator, say):
+            # Basic credentials still get this request its real answer.
+            pair = ":".join(self._credentials).encode()
+            request.headers["Authorization"] = f"Basic {base64.b64encode(pair).decode()}"
+
+    def _login(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        assert self._credentials is not None
+        # Keep whatever path a proxy puts in front of the API.
+        mount = request.url.path.partition(API_PREFIX)[0]
+        url = request.url.copy_with(path=f"{mount}{API_PREFIX}/auth/login", query=None)
+        username, password = self._credentials
+        login = httpx.Request("POST", url, json={"username": username, "password": password})
+        response = yield login
+        if response.status_code != 200:
+            self._token = None
+            log.warning("coordinator login failed: %s", _error_text(response))
+            return
+        try:
+            self._token = LoginResponse.from_wire(response.content).access_token
+        except ValueError:
+            self._token = None
+            log.error("coordinator login answered something unreadable")
+
+
+def _error_text(response: httpx.Response) -> str:
+    try:
+        err = ErrorResponse.from_wire(response.content)
+        return f"{response.status_code} {err.error_code}: {err.message}"
+    except ValueError:
+        return f"{response.status_code}: {response.text[:200]}"
+
+
 class CoordinatorClient:
     """One keep-alive connection pool to the coordinator, shared by a process."""
 
@@ -58,15 +133,11 @@ class CoordinatorClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         auth: httpx.Auth | None = None
-        headers: dict[str, str] = {}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        elif username and password:
-            auth = httpx.BasicAuth(username, password)
+        if token or (username and password):
+            auth = _CoordinatorAuth(username, password, token)
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             auth=auth,
-            headers=headers,
             timeout=timeout,
             transport=transport,
         )
@@ -120,12 +191,12 @@ class CoordinatorClient:
 
     async def heartbeat(
         self, stream_prefix: str, consumer_group: str, request: HeartbeatRequest
-    ) -> HeartbeatResponse:
+    ) -> HeartbeatAnswer:
         path = (
             self.group_path(stream_prefix, consumer_group)
             + f"/members/{_segment(request.member_id)}/heartbeat"
         )
-        return await self._call("POST", path, HeartbeatResponse, body=request)
+        return await self._call("POST", path, HeartbeatAnswer, body=request)
 
     async def _call(
         self, method: str, path: str, model: type[M], *, body: WireModel | None = None

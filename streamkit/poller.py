@@ -62,8 +62,9 @@ log = logging.getLogger("streamkit.poller")
 Handler = Callable[[Message], Awaitable[None]]
 
 # A blocking read ends this long before the lease does, so the server-side
-# BLOCK timeout plus a little network delay still lands inside the lease.
-_LEASE_MARGIN_MS = 20
+# BLOCK timeout plus network delay and event-loop lag still lands inside the
+# lease (a read still running at lease end is abandoned: see _within_lease).
+_LEASE_MARGIN_MS = 100
 _MIN_BLOCK_MS = 5
 _BACKOFF_MIN_S = 0.1
 _BACKOFF_MAX_S = 5.0
@@ -294,7 +295,7 @@ class ShardSession:
             try:
                 if self.may_read():
                     try:
-                        entries, redelivered = await self._read_batch(granted)
+                        entries, redelivered = await self._read_within_lease(granted)
                     except (RedisError, OSError) as exc:
                         error = exc
                     else:
@@ -310,6 +311,38 @@ class ShardSession:
                 failures += 1
                 self._log_read_error(error, failures)
                 await self._interruptibly(anyio.sleep(_backoff_s(failures)))
+
+    async def _read_within_lease(self, count: int) -> tuple[list[tuple[bytes, Any]], bool]:
+        """``_read_batch``, but no Redis command of it outlives the assignment lease."""
+        try:
+            return await self._read_batch(count)
+        except _LeaseCut:
+            log.warning(
+                "%s: Redis did not answer a read of %s before the assignment lease ended; "
+                "abandoned it",
+                self.member_id,
+                self.stream_key,
+            )
+            # The command may still have run in Redis: whatever it delivered
+            # is pending for us, so fetch pending entries again before new
+            # ones once the lease is renewed (only while the shard is ours).
+            if self._poller.options.claim_pending:
+                self._claiming = True
+                self._claim_cursor = _END_OF_PEL
+            return [], False
+
+    async def _within_lease(self, command: Awaitable[Any]) -> Any:
+        """Await one Redis command; raise ``_LeaseCut`` if the lease ends first.
+
+        A Redis that stops answering (paused, black-holed) must not keep a
+        read going past the lease: by then the coordinator may hand the shard
+        to another member.  Cancelling drops the connection, so a reply that
+        arrives later is never handled.
+        """
+        remaining_ms = self._poller.machine.lease_remaining_ms(monotonic_ms())
+        with anyio.move_on_after(remaining_ms / 1000):
+            return await command
+        raise _LeaseCut
 
     async def _read_batch(self, count: int) -> tuple[list[tuple[bytes, Any]], bool]:
         """The next entries: claimed leftovers first, then redeliveries, then new."""
@@ -350,17 +383,21 @@ class ShardSession:
         reply: Any
         with self._observed_read() as tally:
             if block_ms is None:
-                reply = await poller.redis.xreadgroup(
-                    self.consumer_group, self.member_id, {self.stream_key: ">"}, count=count
+                reply = await self._within_lease(
+                    poller.redis.xreadgroup(
+                        self.consumer_group, self.member_id, {self.stream_key: ">"}, count=count
+                    )
                 )
             else:
                 reply = await self._interruptibly(
-                    poller.redis.xreadgroup(
-                        self.consumer_group,
-                        self.member_id,
-                        {self.stream_key: ">"},
-                        count=count,
-                        block=block_ms,
+                    self._within_lease(
+                        poller.redis.xreadgroup(
+                            self.consumer_group,
+                            self.member_id,
+                            {self.stream_key: ">"},
+                            count=count,
+                            block=block_ms,
+                        )
                     )
                 )
             entries = _entries_of(reply)
@@ -373,13 +410,15 @@ class ShardSession:
         poller = self._poller
         reply: Any
         with self._observed_read() as tally:
-            reply = await poller.redis.xautoclaim(
-                self.stream_key,
-                self.consumer_group,
-                self.member_id,
-                0,
-                self._claim_cursor,
-                count=count,
+            reply = await self._within_lease(
+                poller.redis.xautoclaim(
+                    self.stream_key,
+                    self.consumer_group,
+                    self.member_id,
+                    0,
+                    self._claim_cursor,
+                    count=count,
+                )
             )
             cursor: bytes = reply[0]
             entries: list[tuple[bytes, Any]] = [e for e in reply[1] if e[1] is not None]
@@ -424,8 +463,10 @@ class ShardSession:
         reply: Any
         with self._observed_read() as tally:
             try:
-                reply = await poller.redis.xclaim(
-                    self.stream_key, self.consumer_group, self.member_id, 0, list[Any](ids)
+                reply = await self._within_lease(
+                    poller.redis.xclaim(
+                        self.stream_key, self.consumer_group, self.member_id, 0, list[Any](ids)
+                    )
                 )
             except BaseException:
                 self._redeliver[:0] = ids
@@ -566,6 +607,10 @@ class ShardSession:
             last_acked_id=self.last_acked_id.decode() if self.last_acked_id else None,
             pending_count=self.pending_count,
         )
+
+
+class _LeaseCut(Exception):
+    """A Redis command was abandoned because the assignment lease ended."""
 
 
 @dataclass(slots=True)

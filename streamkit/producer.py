@@ -273,7 +273,10 @@ class Publisher:
         self._coordinator = coordinator or CoordinatorClient.from_settings(settings)
         self._owns_redis = redis is None
         self._redis: AsyncRedis = redis or connect_redis(
-            settings.redis_url, cluster=settings.redis_cluster
+            settings.redis_url,
+            cluster=settings.redis_cluster,
+            connect_timeout=settings.redis_connect_timeout,
+            socket_timeout=settings.redis_socket_timeout,
         )
         self._cache = RoutingCache(
             settings.routing_refresh_interval,

@@ -71,6 +71,7 @@ __all__ = [
     "GroupState",
     "HealthResponse",
     "HealthStatus",
+    "HeartbeatAnswer",
     "HeartbeatRequest",
     "HeartbeatResponse",
     "HeartbeatStatus",
@@ -547,6 +548,18 @@ class HeartbeatResponse(WireModel):
     assignment_epoch: Int64 | None = None
     metadata_version: Int64 | None = None
     assignment: AssignmentView | None = None
+
+
+class HeartbeatAnswer(HeartbeatResponse):
+    """``HeartbeatResponse`` plus streamkit's extension ``memberLeaseTtlMs``.
+
+    The coordinator's member lease TTL, so a member can refuse a local
+    assignment lease that would outlive it (it would read after its shards
+    were handed away).  Reference clients ignore the unknown field; answers
+    from a reference server simply lack it.
+    """
+
+    member_lease_ttl_ms: Int64 | None = None
 
 
 # --------------------------------------------------------------------------

@@ -14,6 +14,10 @@ def default_member_id_base() -> str:
     return os.environ.get("POD_IP") or socket.gethostname()
 
 
+def _secret(value: SecretStr | None) -> str | None:
+    return None if value is None else value.get_secret_value()
+
+
 class StreamKitSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="STREAMKIT_", env_file=".env", extra="ignore", frozen=True
@@ -37,8 +41,13 @@ class StreamKitSettings(BaseSettings):
     #: for the restart until the member lease runs out.
     static_membership: bool = False
     #: Local assignment lease in ms; must not exceed the coordinator's member
-    #: lease TTL. Unset: two heartbeat intervals (always within the TTL).
-    assignment_lease_ms: int | None = None
+    #: lease TTL (checked against the coordinator's answer: a member refuses
+    #: to start otherwise). Unset: two heartbeat intervals (always within it).
+    assignment_lease_ms: int | None = Field(default=None, ge=1)
+    #: Data-plane Redis: seconds to connect, and seconds any command may take
+    #: (must exceed every listener's block_ms).
+    redis_connect_timeout: float = Field(default=5.0, gt=0)
+    redis_socket_timeout: float = Field(default=10.0, gt=0)
     #: Producer routing cache: refresh interval and lease, in seconds.
     routing_refresh_interval: float = 5.0
     routing_lease: float = 30.0
@@ -53,6 +62,14 @@ class StreamKitSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> StreamKitSettings:
+        for name, value in (
+            ("COORDINATOR_USERNAME", self.coordinator_username),
+            ("COORDINATOR_PASSWORD", _secret(self.coordinator_password)),
+            ("COORDINATOR_TOKEN", _secret(self.coordinator_token)),
+        ):
+            # A blank value looks configured but authenticates nobody.
+            if value is not None and not value.strip():
+                raise ValueError(f"STREAMKIT_{name} is empty or blank; unset it or give a value")
         if bool(self.coordinator_username) != bool(self.coordinator_password):
             raise ValueError(
                 "set both STREAMKIT_COORDINATOR_USERNAME and STREAMKIT_COORDINATOR_PASSWORD, "

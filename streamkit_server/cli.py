@@ -146,8 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = parse_settings(argv)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "settings"
-        print(f"streamkit-server: invalid setting {field}: {first['msg']}", file=sys.stderr)
+        field = ".".join(str(p) for p in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")
+        where = f"invalid setting {field}" if field else "invalid settings"
+        print(f"streamkit-server: {where}: {message}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -164,13 +166,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "(set STREAMKIT_SERVER_ADMIN_PASSWORD to choose one)",
             flush=True,
         )
+    secret: bytes | None = None
     if settings.token_secret is not None:
         secret = settings.token_secret.get_secret_value().encode()
     else:
-        secret = secrets.token_bytes(32)
+        log.info(
+            "STREAMKIT_SERVER_TOKEN_SECRET is not set: bearer tokens are signed with the "
+            "secret shared through Redis (created once, used by every coordinator process)"
+        )
+    if settings.insecure_member_api:
         log.warning(
-            "STREAMKIT_SERVER_TOKEN_SECRET is not set: using a random secret; bearer tokens "
-            "will not survive a restart and other coordinator processes will reject them"
+            "INSECURE: --insecure-member-api is on; anyone who reaches this port can "
+            "heartbeat, join or leave for any member id. Use it for local development only"
         )
     problem = asyncio.run(preflight(settings))
     if problem is not None:

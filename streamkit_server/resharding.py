@@ -36,6 +36,7 @@ from typing import Final
 from redis.exceptions import RedisError
 
 from streamkit.protocol import MigrationState
+from streamkit_server.core import MAX_SHARD_COUNT as CORE_MAX_SHARD_COUNT
 from streamkit_server.core import (
     CoordinatorConfig,
     GroupMetadata,
@@ -68,7 +69,7 @@ __all__ = ["MAX_SHARD_COUNT", "ReshardingService", "ScaleOutcome"]
 log = logging.getLogger("streamkit_server.resharding")
 
 #: Upper bound of ``targetShardCount`` (the same bound as the default count).
-MAX_SHARD_COUNT: Final = 65_536
+MAX_SHARD_COUNT: Final = CORE_MAX_SHARD_COUNT
 
 _Step = Callable[[GroupMetadata, int], GroupMetadata]
 

@@ -3,7 +3,9 @@
 Tokens are ``base64url(claims JSON) "." base64url(HMAC-SHA256(secret, first part))``
 with claims ``sub``, ``roles``, ``iat``, ``exp`` (seconds).  They are checked
 with a constant-time comparison and expire; there is no revocation list, so
-rotate ``STREAMKIT_SERVER_TOKEN_SECRET`` to invalidate every issued token.
+rotate the secret (``STREAMKIT_SERVER_TOKEN_SECRET``, or the shared key in
+Redis when none is configured: see ``token_secret``) to invalidate every
+issued token.
 """
 
 from __future__ import annotations
@@ -86,12 +88,17 @@ def _unb64(text: str) -> bytes:
 
 class Authenticator:
     def __init__(
-        self, admin_username: str, admin_password: str, secret: bytes, token_ttl_seconds: int
+        self,
+        admin_username: str,
+        admin_password: str,
+        secret: bytes | None,
+        token_ttl_seconds: int,
     ) -> None:
         self._user = admin_username.encode()
         self._password = admin_password.encode()
         self.admin_username = admin_username
-        self._secret = secret
+        # None until the runtime has read the shared secret from Redis.
+        self.secret = secret
         self.token_ttl_seconds = token_ttl_seconds
 
     def check_password(self, username: str, password: str) -> Principal | None:
@@ -116,7 +123,9 @@ class Authenticator:
         return f"{body}.{self._sign(body)}", expires
 
     def _sign(self, body: str) -> str:
-        return _b64(hmac.new(self._secret, body.encode(), hashlib.sha256).digest())
+        if not self.secret:
+            raise RuntimeError("the token secret has not been loaded yet")
+        return _b64(hmac.new(self.secret, body.encode(), hashlib.sha256).digest())
 
     def verify(self, token: str, now: float | None = None) -> Principal:
         body, sep, signature = token.partition(".")

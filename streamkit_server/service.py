@@ -48,6 +48,7 @@ from streamkit_server.core import (
     GroupMetadata,
     begin_correction,
     handle_heartbeat,
+    join_refusal,
     new_group,
     tick,
 )
@@ -296,6 +297,9 @@ class HeartbeatOp:
         if group is None:
             self.metrics.metadata_missing.inc()
             raise group_not_found(self.keys)
+        refusal = join_refusal(group, self.member_id, self.request, self.config)
+        if refusal is not None:
+            raise ApiError(400, "TOO_MANY_MEMBERS", refusal)
         if self.request.metadata_version > group.metadata_version:
             self.metrics.metadata_version_ahead.inc()
         try:

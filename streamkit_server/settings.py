@@ -1,7 +1,8 @@
 """Server settings: environment variables ``STREAMKIT_SERVER_*``, each also a CLI flag.
 
 Secrets without a configured value are generated at start-up (see ``cli``),
-never defaulted to a well-known string.
+never defaulted to a well-known string; an empty or blank one is refused,
+because it would look configured while protecting nothing.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from streamkit_server.core import CoordinatorConfig
+from streamkit_server.core import MAX_SHARD_COUNT, CoordinatorConfig
 
 __all__ = ["ServerSettings"]
 
@@ -25,8 +26,8 @@ class ServerSettings(BaseSettings):
     admin_username: str = Field(default="admin", min_length=1)
     # None: a random password is generated and printed once at start-up.
     admin_password: SecretStr | None = None
-    # None: a random secret per process; tokens then neither survive a restart
-    # nor are accepted by another coordinator process.
+    # None: a random secret created once in Redis (SET NX) and shared by every
+    # coordinator process on that Redis, so their tokens are interchangeable.
     token_secret: SecretStr | None = None
     token_ttl_seconds: int = Field(default=7 * 24 * 3600, ge=1)
     key_prefix: str = Field(default="redis-stream:coord", min_length=1)
@@ -38,8 +39,12 @@ class ServerSettings(BaseSettings):
     # the clients, in seconds there): a removed shard is proven drained only
     # after this much time has passed since the layout switched.
     producer_routing_lease_ms: int = Field(default=30_000, ge=0)
-    default_shard_count: int = Field(default=4, ge=1, le=65_536)
-    authenticate_member_api: bool = False
+    default_shard_count: int = Field(default=4, ge=1, le=MAX_SHARD_COUNT)
+    # A join that would exceed it is refused with 400 TOO_MANY_MEMBERS.
+    max_members_per_group: int = Field(default=1_024, ge=1, le=65_536)
+    # The member API (heartbeats) needs a MEMBER principal unless this unsafe
+    # switch is on; meant for local development only (a warning is logged).
+    insecure_member_api: bool = False
     # Group mutex: how long a holder may keep it (crash safety) and how long a
     # request waits for it before answering RETRY.
     mutex_ttl_ms: int = Field(default=5_000, ge=100)
@@ -54,7 +59,16 @@ class ServerSettings(BaseSettings):
     access_log: bool = False
 
     @model_validator(mode="after")
-    def _check_timings(self) -> ServerSettings:
+    def _check(self) -> ServerSettings:
+        if not self.admin_username.strip():
+            raise ValueError("STREAMKIT_SERVER_ADMIN_USERNAME must not be blank")
+        for name, secret in (("ADMIN_PASSWORD", self.admin_password),
+                             ("TOKEN_SECRET", self.token_secret)):  # fmt: skip
+            if secret is not None and not secret.get_secret_value().strip():
+                raise ValueError(
+                    f"STREAMKIT_SERVER_{name} is empty or blank; unset it to have one "
+                    "generated, or give a real value"
+                )
         self.coordinator_config()  # raises ValueError on inconsistent timings
         return self
 
@@ -64,4 +78,5 @@ class ServerSettings(BaseSettings):
             member_lease_ttl_ms=self.member_lease_ttl_ms,
             rebalance_timeout_ms=self.rebalance_timeout_ms,
             producer_routing_lease_ms=self.producer_routing_lease_ms,
+            max_members_per_group=self.max_members_per_group,
         )

@@ -8,9 +8,10 @@ lease expiry), bounds each blocking read by the remaining lease, and returns
 from ``on_revoked`` only once its loops have stopped, so the shard is
 reported ``REVOKED`` with nothing in flight.
 
-Run it::
+Run it, with the coordinator's credentials (heartbeats need them)::
 
-    streamkit run samples.custom_reader.app:app
+    STREAMKIT_COORDINATOR_USERNAME=admin STREAMKIT_COORDINATOR_PASSWORD=... \
+        streamkit run samples.custom_reader.app:app
 """
 
 from __future__ import annotations

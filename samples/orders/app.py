@@ -6,9 +6,11 @@ The repository and the invoice service come from a dependency-injector
 container; the invoice service gets the app's ``Publisher`` injected.
 
 Run it (coordinator and Redis up, the ``orders`` and ``invoices`` streams
-created; ``streamkit demo`` does all of that for you)::
+created; ``streamkit demo`` does all of that for you), with the coordinator's
+credentials (heartbeats and routing need them)::
 
-    streamkit run samples.orders.app:app
+    STREAMKIT_COORDINATOR_USERNAME=admin STREAMKIT_COORDINATOR_PASSWORD=... \
+        streamkit run samples.orders.app:app
 """
 
 from __future__ import annotations

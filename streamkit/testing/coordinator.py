@@ -25,7 +25,20 @@ import httpx
 
 from streamkit.testing.redis_server import HOST, _die_with_parent_hook, free_port
 
-__all__ = ["CoordinatorError", "CoordinatorProcess"]
+__all__ = [
+    "TEST_ADMIN_PASSWORD",
+    "TEST_ADMIN_USERNAME",
+    "TEST_TOKEN_SECRET",
+    "CoordinatorError",
+    "CoordinatorProcess",
+]
+
+#: The credentials every launched coordinator gets unless told otherwise.  The
+#: member API needs them too (it is authenticated by default), so simulated
+#: members send them.
+TEST_ADMIN_USERNAME = "admin"
+TEST_ADMIN_PASSWORD = "streamkit-test-password"
+TEST_TOKEN_SECRET = "streamkit-test-token-secret"
 
 _STARTUP_ATTEMPTS = 3
 
@@ -52,6 +65,8 @@ class CoordinatorProcess:
 
     Timings default to short, test-friendly values; pass ``None`` to use the
     server's own defaults.  ``env`` adds or overrides ``STREAMKIT_SERVER_*``.
+    The member API stays authenticated, as in production: members use
+    ``member_auth`` (the admin holds the MEMBER role).
     """
 
     def __init__(
@@ -59,9 +74,9 @@ class CoordinatorProcess:
         redis_url: str,
         *,
         cluster: bool = False,
-        admin_username: str = "admin",
-        admin_password: str = "streamkit-test-password",
-        token_secret: str | None = "streamkit-test-token-secret",
+        admin_username: str = TEST_ADMIN_USERNAME,
+        admin_password: str = TEST_ADMIN_PASSWORD,
+        token_secret: str | None = TEST_TOKEN_SECRET,
         heartbeat_interval_ms: int | None = 200,
         member_lease_ttl_ms: int | None = 1_500,
         rebalance_timeout_ms: int | None = 3_000,
@@ -111,6 +126,11 @@ class CoordinatorProcess:
     def admin_auth(self) -> tuple[str, str]:
         """``(username, password)``, ready for ``httpx``'s ``auth=``."""
         return (self.admin_username, self.admin_password)
+
+    @property
+    def member_auth(self) -> tuple[str, str]:
+        """Credentials with the MEMBER role, for heartbeats."""
+        return self.admin_auth
 
     @property
     def pid(self) -> int | None:

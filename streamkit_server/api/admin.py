@@ -15,14 +15,17 @@ from pydantic import BaseModel
 
 from streamkit.protocol import (
     API_PREFIX,
-    DeleteGroupRequest,
     ErrorResponse,
     GroupResponse,
     ProducerRoutingResponse,
     StreamCreateResponse,
 )
 from streamkit_server import views
-from streamkit_server.api.bodies import CreateGroupRequest, CreateStreamRequest
+from streamkit_server.api.bodies import (
+    CreateGroupRequest,
+    CreateStreamRequest,
+    DeleteGroupRequest,
+)
 from streamkit_server.api.deps import group_keys, require, runtime
 from streamkit_server.api.errors import status_for
 from streamkit_server.errors import ApiError

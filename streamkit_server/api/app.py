@@ -20,8 +20,14 @@ from streamkit_server.settings import ServerSettings
 __all__ = ["create_app"]
 
 
-def create_app(settings: ServerSettings, *, admin_password: str, token_secret: bytes) -> FastAPI:
-    """Build the app; Redis is connected by the lifespan (``runtime.start``)."""
+def create_app(
+    settings: ServerSettings, *, admin_password: str, token_secret: bytes | None
+) -> FastAPI:
+    """Build the app; Redis is connected by the lifespan (``runtime.start``).
+
+    ``token_secret`` None: the secret shared through Redis is used (see
+    ``streamkit_server.token_secret``).
+    """
     runtime = Runtime(settings, admin_password, token_secret)
 
     @asynccontextmanager

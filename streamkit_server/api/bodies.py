@@ -8,21 +8,57 @@ one scale.  Clients of the reference never send it and see no difference.
 ``targetShardCount`` is parsed as any int32 so that a negative value gets a
 specific error code (``INVALID_TARGET_SHARD_COUNT``) instead of the generic
 validation error; the served schema still says ``minimum: 0``.
+
+Bounds the reference leaves open are closed here (400 beyond them):
+``initialShardCount`` is at most ``MAX_SHARD_COUNT``, the same bound as a
+scale, and ``requestedBy`` (and ``reason`` where the reference requires it)
+must not be blank: an audit record naming nobody is worthless.  The shard
+lists of a heartbeat hold at most ``MAX_SHARD_COUNT`` entries.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from streamkit import protocol as wire
-from streamkit.protocol import Int32
+from streamkit.protocol import (
+    Int32,
+    RevokingShardReport,
+    ShardConsumptionProgress,
+    ShardId,
+    TextStr,
+)
+from streamkit_server.core import MAX_SHARD_COUNT
 from streamkit_server.streams import Ordering
 
 # Named like the contract's schemas (and the models they extend), so the
 # served OpenAPI document keeps the reference's component names.
-__all__ = ["CreateGroupRequest", "CreateStreamRequest", "ScaleGroupRequest", "ScaleStreamRequest"]
+__all__ = [
+    "CreateGroupRequest",
+    "CreateStreamRequest",
+    "DeleteGroupRequest",
+    "HeartbeatRequest",
+    "RollbackMigrationRequest",
+    "ScaleGroupRequest",
+    "ScaleStreamRequest",
+]
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty or blank")
+    return value
+
+
+RequiredText = Annotated[
+    TextStr, AfterValidator(_not_blank), Field(json_schema_extra={"minLength": 1})
+]
+InitialShardCount = Annotated[
+    Int32,
+    Field(ge=1, le=MAX_SHARD_COUNT, description=f"Shard count, 1..{MAX_SHARD_COUNT}."),
+]
 
 _ORDERING = Field(
     default=None,
@@ -37,18 +73,49 @@ TargetShardCount = Annotated[Int32, _TARGET]
 
 
 class CreateStreamRequest(wire.CreateStreamRequest):
+    initial_shard_count: InitialShardCount | None = None
+    requested_by: RequiredText
     ordering: Ordering | None = _ORDERING
 
 
 class CreateGroupRequest(wire.CreateGroupRequest):
+    initial_shard_count: InitialShardCount | None = None
+    requested_by: RequiredText
     ordering: Ordering | None = _ORDERING
+
+
+class DeleteGroupRequest(wire.DeleteGroupRequest):
+    requested_by: RequiredText
+    reason: RequiredText
 
 
 class ScaleStreamRequest(wire.ScaleStreamRequest):
     target_shard_count: TargetShardCount
+    requested_by: RequiredText
+    reason: RequiredText
     ordering: Ordering | None = _ORDERING
 
 
 class ScaleGroupRequest(wire.ScaleGroupRequest):
     target_shard_count: TargetShardCount
+    requested_by: RequiredText
+    reason: RequiredText
     ordering: Ordering | None = _ORDERING
+
+
+class HeartbeatRequest(wire.HeartbeatRequest):
+    # A member reports each shard of the stream at most once per list.
+    owned_shards: list[ShardId] = Field(
+        default_factory=list, json_schema_extra={"uniqueItems": True}, max_length=MAX_SHARD_COUNT
+    )
+    revoking_shards: list[RevokingShardReport] = Field(
+        default_factory=list, max_length=MAX_SHARD_COUNT
+    )
+    shard_progress: list[ShardConsumptionProgress] = Field(
+        default_factory=list, max_length=MAX_SHARD_COUNT
+    )
+
+
+class RollbackMigrationRequest(wire.RollbackMigrationRequest):
+    requested_by: RequiredText
+    reason: RequiredText

@@ -42,8 +42,8 @@ def require(role: Role) -> Callable[[Request], Awaitable[Principal]]:
 
 
 async def require_member(request: Request) -> Principal | None:
-    # The member API is open unless STREAMKIT_SERVER_AUTHENTICATE_MEMBER_API.
-    if not runtime(request).settings.authenticate_member_api:
+    # Closed unless the unsafe STREAMKIT_SERVER_INSECURE_MEMBER_API is on.
+    if runtime(request).settings.insecure_member_api:
         return None
     return _check(request, Role.MEMBER)
 

@@ -6,7 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from streamkit.protocol import API_PREFIX, ErrorResponse, HeartbeatRequest, HeartbeatResponse
+from streamkit.protocol import (
+    API_PREFIX,
+    ErrorResponse,
+    HeartbeatAnswer,
+    HeartbeatResponse,
+)
+from streamkit_server.api.bodies import HeartbeatRequest
 from streamkit_server.api.deps import group_keys, require_member, runtime
 from streamkit_server.provisioning import validate_member_id
 from streamkit_server.security import Principal
@@ -38,7 +44,11 @@ async def heartbeat(
     _principal: Annotated[Principal | None, Depends(require_member)],
 ) -> Response:
     validate_member_id(memberId)
-    response = await runtime(request).service.heartbeat(keys, memberId, body)
+    service = runtime(request).service
+    decided = await service.heartbeat(keys, memberId, body)
+    response = HeartbeatAnswer.model_construct(
+        **dict(decided), member_lease_ttl_ms=service.config.member_lease_ttl_ms
+    )
     # Serialised once by pydantic-core; skips FastAPI's response re-validation
     # on the hottest path.
     return Response(response.model_dump_json(by_alias=True), media_type="application/json")

@@ -47,7 +47,21 @@ _GROUP = "/streams/{streamPrefix}/groups/{consumerGroup}"
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "Group not found."}
 }
-_CURSOR = re.compile(r"^\d{1,20}-\d{1,20}$")
+_CURSOR = re.compile(r"^(\d{1,20})-(\d{1,20})$")
+_UINT64_MAX = 2**64 - 1
+
+
+def _parse_cursor(cursor: str) -> tuple[int, int]:
+    """A stream record id; Redis refuses parts above uint64, so they are 400 here."""
+    match = _CURSOR.match(cursor)
+    if match is None or any(int(part) > _UINT64_MAX for part in match.groups()):
+        raise ApiError(
+            400,
+            "INVALID_CURSOR",
+            f"cursor must be a stream record id <ms>-<seq> (each 0..{_UINT64_MAX}), "
+            "like 1700000000-0",
+        )
+    return int(match[1]), int(match[2])
 
 
 def _server_version() -> str:
@@ -234,21 +248,30 @@ async def messages(
     cursor: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 25,
 ) -> JSONResponse:
+    # Checked before anything is loaded: bad input is a 400 whatever exists.
+    position = _parse_cursor(cursor) if cursor is not None else None
     group = await _group(request, keys)
     if shardIndex not in group.known_shards():
         raise ApiError(
             404, "SHARD_NOT_FOUND", f"shard {shardIndex} is not a shard of this group "
             f"(layout={group.layout}, draining={group.draining_shards})",
         )  # fmt: skip
-    if cursor is not None and not _CURSOR.match(cursor):
-        raise ApiError(400, "INVALID_CURSOR", "cursor must be a stream record id like 1700000000-0")
     key = stream_key(group.stream_prefix, shardIndex)
     client = runtime(request).client
+    forward = direction is StreamMessagePageDirection.FORWARD
     # One extra record tells whether there is a next page.
-    if direction is StreamMessagePageDirection.FORWARD:
-        rows = await client.xrange(key, f"({cursor}" if cursor else "-", "+", count=limit + 1)
-    else:
-        rows = await client.xrevrange(key, f"({cursor}" if cursor else "+", "-", count=limit + 1)
+    rows: Any = []
+    if position is None:
+        if forward:
+            rows = await client.xrange(key, "-", "+", count=limit + 1)
+        else:
+            rows = await client.xrevrange(key, "+", "-", count=limit + 1)
+    # Nothing lies beyond the last possible id (Redis refuses an exclusive
+    # range that starts there).
+    elif forward and position != (_UINT64_MAX, _UINT64_MAX):
+        rows = await client.xrange(key, f"({cursor}", "+", count=limit + 1)
+    elif not forward and position != (0, 0):
+        rows = await client.xrevrange(key, f"({cursor}", "-", count=limit + 1)
     rows = list(rows or [])
     more = len(rows) > limit
     rows = rows[:limit]

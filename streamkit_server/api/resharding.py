@@ -17,12 +17,15 @@ from streamkit.protocol import (
     API_PREFIX,
     ErrorResponse,
     Migration,
-    RollbackMigrationRequest,
     StreamScaleResponse,
 )
 from streamkit_server import views
 from streamkit_server.api.admin import Reader, Writer, audited
-from streamkit_server.api.bodies import ScaleGroupRequest, ScaleStreamRequest
+from streamkit_server.api.bodies import (
+    RollbackMigrationRequest,
+    ScaleGroupRequest,
+    ScaleStreamRequest,
+)
 from streamkit_server.api.deps import group_keys, runtime
 from streamkit_server.provisioning import validate_stream_prefix
 from streamkit_server.resharding import find_migration

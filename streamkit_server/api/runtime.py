@@ -23,6 +23,7 @@ from streamkit_server.security import Authenticator
 from streamkit_server.service import CoordinatorService
 from streamkit_server.settings import ServerSettings
 from streamkit_server.store import MetadataStore, RedisClient
+from streamkit_server.token_secret import shared_token_secret
 
 __all__ = ["Runtime", "make_redis_client"]
 
@@ -44,7 +45,9 @@ def make_redis_client(settings: ServerSettings) -> RedisClient:
 
 
 class Runtime:
-    def __init__(self, settings: ServerSettings, admin_password: str, token_secret: bytes) -> None:
+    def __init__(
+        self, settings: ServerSettings, admin_password: str, token_secret: bytes | None
+    ) -> None:
         self.settings = settings
         self.metrics = Metrics()
         self.gate = TerminatingGate()
@@ -78,6 +81,10 @@ class Runtime:
 
     async def start(self) -> None:
         self._client = make_redis_client(self.settings)
+        if self.authenticator.secret is None:
+            self.authenticator.secret = await shared_token_secret(
+                self._client, self.settings.key_prefix
+            )
         store = MetadataStore(self._client, self.settings.key_prefix, self.metrics)
         self._service = CoordinatorService(
             store, Provisioner(self._client), self.settings, self.metrics, self.gate

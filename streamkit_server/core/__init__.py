@@ -8,6 +8,7 @@ write the result with a revision CAS and answer from what was written.
 from .assignor import assign, moved_count
 from .config import CoordinatorConfig
 from .heartbeat import HeartbeatOutcome, handle_heartbeat
+from .limits import MAX_SHARD_COUNT, join_refusal
 from .model import (
     LAYOUT_VERSION,
     SCHEMA_VERSION,
@@ -33,6 +34,7 @@ from .timeouts import begin_correction, next_deadline_ms, tick
 
 __all__ = [
     "LAYOUT_VERSION",
+    "MAX_SHARD_COUNT",
     "SCHEMA_VERSION",
     "CoordinatorConfig",
     "CorrectionRound",
@@ -50,6 +52,7 @@ __all__ = [
     "complete_provisioning",
     "fail_provisioning",
     "handle_heartbeat",
+    "join_refusal",
     "moved_count",
     "new_group",
     "next_deadline_ms",

@@ -19,6 +19,9 @@ class CoordinatorConfig:
     # How long records of expired, fenced or departed members stay visible to
     # monitoring after they stopped owning anything.
     dead_member_retention_ms: int = 300_000
+    # Live members one group may have; a join beyond it is refused (400), so a
+    # caller cannot make every heartbeat of the group arbitrarily expensive.
+    max_members_per_group: int = 1_024
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_ms <= 0:
@@ -29,5 +32,7 @@ class CoordinatorConfig:
             raise ValueError("member_lease_ttl_ms must be at least twice heartbeat_interval_ms")
         if self.rebalance_timeout_ms <= 0:
             raise ValueError("rebalance_timeout_ms must be positive")
+        if self.max_members_per_group < 1:
+            raise ValueError("max_members_per_group must be at least 1")
         if self.min_protocol_version > self.max_protocol_version:
             raise ValueError("min_protocol_version must not exceed max_protocol_version")

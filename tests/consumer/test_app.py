@@ -13,7 +13,8 @@ from dependency_injector.wiring import Provide, inject
 
 from streamkit import GroupNotFoundError, Message, Publisher, StreamKit
 from streamkit.testing import RedisTarget
-from streamkit.testing.coordinator import CoordinatorProcess
+from streamkit.testing.coordinator import TEST_TOKEN_SECRET, CoordinatorProcess
+from streamkit_server.security import Authenticator, Principal, Role
 
 from .support import Admin, eventually, in_process_settings, serving
 
@@ -29,8 +30,9 @@ async def test_unknown_group_fails_at_start(
     coordinator: CoordinatorProcess, any_redis: RedisTarget, credentials: bool
 ) -> None:
     settings = in_process_settings(coordinator, any_redis, "lost")
-    if not credentials:  # no READ role: the first heartbeat's 404 is fatal instead
+    if not credentials:  # MEMBER but no READ: the first heartbeat's 404 is fatal instead
         del settings["coordinator_username"], settings["coordinator_password"]
+        settings["coordinator_token"] = _member_only_token()
     app = StreamKit(**settings)
     app.add_listener("nowhere", "nobody", handler, concurrency=2)
     with (
@@ -38,6 +40,12 @@ async def test_unknown_group_fails_at_start(
         pytest.raises(GroupNotFoundError, match="'nobody' on stream 'nowhere'"),
     ):
         await app.serve()
+
+
+def _member_only_token() -> str:
+    signer = Authenticator("admin", "unused", TEST_TOKEN_SECRET.encode(), 3600)
+    token, _ = signer.issue(Principal("consumer", frozenset({Role.MEMBER}), "bearer"))
+    return token
 
 
 class Services(containers.DeclarativeContainer):

@@ -10,11 +10,17 @@ from typing import Any
 import httpx
 
 from streamkit.testing import AsyncRedisClient, RedisTarget, redis_client
-from streamkit.testing.coordinator import CoordinatorProcess
+from streamkit.testing.coordinator import (
+    TEST_ADMIN_PASSWORD,
+    TEST_ADMIN_USERNAME,
+    CoordinatorProcess,
+)
 
 API = "/coord/v1"
 KEY_PREFIX = "redis-stream:coord"
 FENCED = {"UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH"}
+# What every launched coordinator accepts on its (authenticated) member API.
+MEMBER_AUTH = (TEST_ADMIN_USERNAME, TEST_ADMIN_PASSWORD)
 
 
 def meta_key(prefix: str, group: str) -> str:
@@ -79,9 +85,12 @@ class SimMember:
         *,
         auto_revoke: bool = True,
         incarnation: str | None = None,
+        auth: tuple[str, str] | None = MEMBER_AUTH,
     ) -> None:
         self.http = http
         self.incarnation = incarnation
+        # None: whatever credentials the client itself carries.
+        self.auth = auth
         self.base_url = base_url
         self.prefix = prefix
         self.group = group
@@ -133,10 +142,10 @@ class SimMember:
         }
 
     async def post(self, body: dict[str, Any], base_url: str | None = None) -> httpx.Response:
-        return await self.http.post(
-            f"{base_url or self.base_url}{hb_path(self.prefix, self.group, self.member_id)}",
-            json=body,
-        )
+        url = f"{base_url or self.base_url}{hb_path(self.prefix, self.group, self.member_id)}"
+        if self.auth is None:
+            return await self.http.post(url, json=body)
+        return await self.http.post(url, json=body, auth=self.auth)
 
     async def heartbeat(
         self, *, apply: bool = True, base_url: str | None = None, **overrides: Any

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 
 import httpx
+import pytest
 
+from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit_server.security import Authenticator, Principal, Role
@@ -75,25 +79,66 @@ async def test_admin_and_monitoring_need_credentials(
         session = (await http.get(f"{API}/monitoring/session", auth=coordinator.admin_auth)).json()
         assert session == {"authenticated": True, "username": "admin"}
 
-        # The member API is open by default.
-        await create_group(http, coordinator, "open", "g", 1)
-        member = SimMember(http, url, "open", "g", "m1")
-        assert (await member.heartbeat())["status"] == "OK"
-
-
-async def test_member_api_protected_when_configured(
-    any_redis: RedisTarget, coordinator_factory: Factory
-) -> None:
-    coord = coordinator_factory(any_redis, env={"STREAMKIT_SERVER_AUTHENTICATE_MEMBER_API": "true"})
-    async with httpx.AsyncClient(base_url=coord.url) as http:
-        await create_group(http, coord, "closed", "g", 1)
-        member = SimMember(http, coord.url, "closed", "g", "m1")
+        # The member API needs a MEMBER principal by default.
+        await create_group(http, coordinator, "closed", "g", 1)
+        member = SimMember(http, url, "closed", "g", "m1", auth=None)
         anonymous = await member.post(member.body())
         assert anonymous.status_code == 401
+        assert anonymous.json()["errorCode"] == "UNAUTHORIZED"
+        assert "Bearer" in anonymous.headers["www-authenticate"]
         http.headers.update(_bearer(_token(["READ"])))
         assert (await member.post(member.body())).status_code == 403
         http.headers.update(_bearer(_token(["MEMBER"])))
         assert (await member.heartbeat())["status"] == "OK"
         del http.headers["Authorization"]
-        http.auth = coord.admin_auth  # the admin has MEMBER too
+        http.auth = coordinator.admin_auth  # the admin has MEMBER too
         assert (await member.heartbeat())["status"] == "OK"
+
+
+async def test_member_api_open_only_with_the_insecure_switch(
+    any_redis: RedisTarget, coordinator_factory: Factory
+) -> None:
+    coord = coordinator_factory(any_redis, env={"STREAMKIT_SERVER_INSECURE_MEMBER_API": "true"})
+    assert "INSECURE" in coord.logs() and "--insecure-member-api" in coord.logs()
+    async with httpx.AsyncClient(base_url=coord.url) as http:
+        await create_group(http, coord, "open", "g", 1)
+        member = SimMember(http, coord.url, "open", "g", "m1", auth=None)
+        assert (await member.heartbeat())["status"] == "OK"
+        # Everything else still needs credentials.
+        assert (await http.get(GROUPS)).status_code == 401
+
+
+async def test_coordinators_without_a_configured_secret_share_one_through_redis(
+    any_redis: RedisTarget, coordinator_factory: Factory
+) -> None:
+    first = coordinator_factory(any_redis, token_secret=None)
+    second = coordinator_factory(any_redis, token_secret=None)
+    async with httpx.AsyncClient() as http:
+        login = await http.post(f"{first.url}{API}/auth/login", auth=first.admin_auth)
+        token = login.json()["accessToken"]
+        for coord in (first, second):
+            reply = await http.get(f"{coord.url}{GROUPS}", headers=_bearer(token))
+            assert reply.status_code == 200, coord
+        # A restart reads the same secret: the token survives it.
+        second.restart()
+        reply = await http.get(f"{second.url}{GROUPS}", headers=_bearer(token))
+        assert reply.status_code == 200
+
+
+async def test_client_logs_in_again_when_its_token_is_refused(
+    any_redis: RedisTarget, coordinator_factory: Factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    coord = coordinator_factory(any_redis, env={"STREAMKIT_SERVER_TOKEN_TTL_SECONDS": "1"})
+    async with httpx.AsyncClient() as http:
+        await create_group(http, coord, "relogin", "g", 1)
+    user, password = coord.member_auth
+    async with CoordinatorClient(coord.url, username=user, password=password) as client:
+        assert (await client.get_group("relogin", "g")).shard_count == 1
+        await asyncio.sleep(1.1)  # the token (whole seconds) has expired
+        with caplog.at_level(logging.WARNING, logger="streamkit.coordinator"):
+            assert (await client.get_group("relogin", "g")).shard_count == 1
+        assert "logging in again" in caplog.text and "expired" in caplog.text
+    async with CoordinatorClient(coord.url, username=user, password="wrong") as client:
+        with pytest.raises(CoordinatorError) as refused:
+            await client.get_group("relogin", "g")
+        assert refused.value.status_code == 401

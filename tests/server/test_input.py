@@ -121,7 +121,7 @@ async def test_bad_input_is_a_4xx_error_response_and_writes_nothing(
 async def test_decisions_on_wellformed_but_wrong_heartbeats(
     prepared: CoordinatorProcess, any_redis: RedisTarget
 ) -> None:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(auth=prepared.member_auth) as http:
         url = f"{prepared.url}{HB}"
         unsupported = (await http.post(url, json=_hb(protocolVersion=99))).json()
         assert unsupported["status"] == "UNSUPPORTED_PROTOCOL"

@@ -24,7 +24,7 @@ ENV_NAMES = {
     "rebalance_timeout_ms": ("STREAMKIT_SERVER_REBALANCE_TIMEOUT_MS", "2000", 2000),
     "tick_interval_ms": ("STREAMKIT_SERVER_TICK_INTERVAL_MS", "50", 50),
     "default_shard_count": ("STREAMKIT_SERVER_DEFAULT_SHARD_COUNT", "8", 8),
-    "authenticate_member_api": ("STREAMKIT_SERVER_AUTHENTICATE_MEMBER_API", "true", True),
+    "insecure_member_api": ("STREAMKIT_SERVER_INSECURE_MEMBER_API", "true", True),
 }
 
 
@@ -41,7 +41,7 @@ def test_defaults() -> None:
     assert (s.heartbeat_interval_ms, s.member_lease_ttl_ms, s.rebalance_timeout_ms) == (
         3000, 15000, 60000,
     )  # fmt: skip
-    assert (s.tick_interval_ms, s.default_shard_count, s.authenticate_member_api) == (
+    assert (s.tick_interval_ms, s.default_shard_count, s.insecure_member_api) == (
         1000,
         4,
         False,
@@ -65,11 +65,11 @@ def test_every_setting_is_a_flag_and_flags_win(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("STREAMKIT_SERVER_REDIS_URL", "redis://env:1/0")
     settings = parse_settings(
         ["--redis-url", "redis://flag:2/0", "--redis-cluster", "--port", "1234",
-         "--authenticate-member-api=false", "--member-lease-ttl-ms", "9000"]
+         "--insecure-member-api=false", "--member-lease-ttl-ms", "9000"]
     )  # fmt: skip
     assert settings.redis_url == "redis://flag:2/0"
     assert settings.redis_cluster is True and settings.port == 1234
-    assert settings.authenticate_member_api is False and settings.member_lease_ttl_ms == 9000
+    assert settings.insecure_member_api is False and settings.member_lease_ttl_ms == 9000
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -97,3 +97,20 @@ def test_invalid_setting_fails_with_one_line() -> None:
     result = _run("--heartbeat-interval-ms", "5000", "--member-lease-ttl-ms", "6000")
     assert result.returncode == 2
     assert "member_lease_ttl_ms" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("ADMIN_PASSWORD", ""), ("ADMIN_PASSWORD", "  \t"), ("TOKEN_SECRET", " "),
+     ("ADMIN_USERNAME", " ")],
+)  # fmt: skip
+def test_blank_credentials_are_refused_at_start(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match=f"STREAMKIT_SERVER_{name}"):
+        ServerSettings(**{name.lower(): value})
+
+
+def test_blank_secret_fails_start_with_one_clear_line() -> None:
+    result = _run(STREAMKIT_SERVER_ADMIN_PASSWORD=" ")
+    assert result.returncode == 2
+    assert "STREAMKIT_SERVER_ADMIN_PASSWORD is empty or blank" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -77,15 +77,14 @@ async def test_gate_in_process(any_redis: RedisTarget) -> None:
                 "/coord/v1/streams/gate/groups/g", json={"requestedBy": "t"}, auth=("admin", "pw")
             )
             assert response.status_code == 201
-            m1 = SimMember(http, "http://coord", "gate", "g", "m1")
+            m1 = SimMember(http, "http://coord", "gate", "g", "m1", auth=("admin", "pw"))
             mutex = await _hold_mutex(any_redis, "gate")
             inflight = asyncio.create_task(m1.post(m1.body()))
             await asyncio.sleep(0.2)
             assert runtime.gate.inside == 1
             runtime.begin_terminating()
-            refused = await SimMember(http, "http://coord", "gate", "g", "m2").post(
-                SimMember(http, "http://coord", "gate", "g", "m2").body()
-            )
+            m2 = SimMember(http, "http://coord", "gate", "g", "m2", auth=("admin", "pw"))
+            refused = await m2.post(m2.body())
             assert refused.status_code == 503
             assert refused.json()["errorCode"] == "COORDINATOR_TERMINATING"
             mutation = await http.request(
