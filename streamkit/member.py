@@ -202,6 +202,18 @@ class MemberStateMachine:
         self.reading.clear()
         return stopped
 
+    def start_over(self) -> None:
+        """Forget all ownership and join again with epoch 0, like a new member.
+
+        For a member that left on purpose without shutting down (its Redis was
+        unreachable): whatever it still drained is abandoned, and the next
+        request is a join.
+        """
+        self._lose(HeartbeatStatus.UNKNOWN_MEMBER_ID)
+        self.stopping = False
+        self.left = False
+        self._sent = None
+
     # -- responses -------------------------------------------------------------
 
     def request_failed(self) -> None:

@@ -27,6 +27,10 @@ class StreamKitSettings(BaseSettings):
     coordinator_timeout: float = 5.0
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_cluster: bool = False
+    #: Seconds a member may go without a successful Redis read or ack, once one
+    #: failed, before it gives its shards back and leaves the group until Redis
+    #: answers again (so members that can read take them over).
+    redis_release_after: float = Field(default=15.0, gt=0)
     member_id_base: str = Field(default_factory=default_member_id_base)
     #: Local assignment lease in ms; must not exceed the coordinator's member
     #: lease TTL. Unset: two heartbeat intervals (always within the TTL).
