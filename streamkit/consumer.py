@@ -439,10 +439,10 @@ class MemberRuntime:
                 failures += 1
                 if failures % 10 == 0:
                     log.warning(
-                        "%s: Redis at %s still unreachable (%r)",
+                        "%s: Redis at %s still unreachable (%s)",
                         self.member_id,
-                        self._redis_url,
-                        exc,
+                        self._redis_url or self.poller.redis_address,
+                        describe_error(exc),
                     )
                 await self._sleep(self._retry_delay_ms(failures))
                 continue
