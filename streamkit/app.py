@@ -15,11 +15,13 @@ from typing import Any, Self, TypeVar
 
 import anyio
 from dependency_injector import containers, providers
+from redis.exceptions import RedisError
 
-from streamkit.connections import AsyncRedis, connect_redis
+from streamkit.connections import AsyncRedis, connect_redis, redacted_url
 from streamkit.consumer import GroupNotFoundError, MemberRuntime
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
 from streamkit.errors import StreamkitError
+from streamkit.group_hints import existing_groups_hint
 from streamkit.lifecycle import ShardLifecycle
 from streamkit.listener import (
     DEFAULT_BATCH_SIZE,
@@ -30,12 +32,16 @@ from streamkit.listener import (
 )
 from streamkit.member import MemberStateMachine, new_incarnation
 from streamkit.poller import Handler, ReadObserver, ShardPoller, supports_xackdel
-from streamkit.producer import Publisher, PublisherStartupError, ShardStreamsMissing
+from streamkit.producer import CoordinatorUnreachableError, Publisher, ShardStreamsMissing
+from streamkit.redis_health import describe_error
 from streamkit.settings import StreamKitSettings
 
-__all__ = ["Lifespan", "StreamKit"]
+__all__ = ["Lifespan", "RedisUnreachableError", "StreamKit"]
 
 log = logging.getLogger("streamkit.app")
+
+#: How long the start-up PING may take before Redis counts as unreachable.
+_REDIS_CHECK_S = 5.0
 
 F = TypeVar("F", bound=Callable[..., Any])
 Hook = Callable[[], Awaitable[None] | None]
@@ -323,6 +329,10 @@ class StreamKit:
         self._stop = anyio.Event()
         if self._stop_requested:
             self._stop.set()
+        # Before start(): hooks and publishers would otherwise be first to
+        # stumble over a Redis that is not there, less clearly.
+        if self._listeners:
+            await self._check_redis()
         await self.start()
         try:
             await self._check_groups()
@@ -406,6 +416,8 @@ class StreamKit:
                         static=settings.static_membership,
                         coordinator_url=settings.coordinator_url,
                         request_timeout_s=settings.coordinator_timeout,
+                        redis_release_after_ms=int(settings.redis_release_after * 1000),
+                        redis_url=redacted_url(settings.redis_url),
                     )
                 )
         return members
@@ -424,6 +436,21 @@ class StreamKit:
             observer=self.read_observer,
         )
 
+    async def _check_redis(self) -> None:
+        """Fail at once when Redis does not answer: members that joined now
+        would take shards they cannot read away from members that can."""
+        settings = self.settings
+        try:
+            with anyio.fail_after(_REDIS_CHECK_S):
+                await self.redis.ping()
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise RedisUnreachableError(
+                f"cannot reach Redis at {redacted_url(settings.redis_url)}"
+                + (" (cluster)" if settings.redis_cluster else "")
+                + f": {describe_error(exc)}; is redis-server running there? "
+                "STREAMKIT_REDIS_URL sets the address"
+            ) from None
+
     async def _check_groups(self) -> None:
         """Fail at once for a group the coordinator does not know."""
         for listener in self._listeners:
@@ -432,12 +459,20 @@ class StreamKit:
                 await self.coordinator.get_group(prefix, group)
             except CoordinatorError as exc:
                 if exc.status_code == 404:
-                    raise GroupNotFoundError(prefix, group, self.settings.coordinator_url) from None
+                    hint = await existing_groups_hint(self.coordinator, prefix, group)
+                    raise GroupNotFoundError(
+                        prefix, group, self.settings.coordinator_url, hint
+                    ) from None
+                if exc.status_code == 401:
+                    # Wrong or missing credentials: say so now, not only when a
+                    # publish or a heartbeat is refused later.
+                    log.warning("%s", exc)
+                    continue
                 # Without the READ role the first heartbeat does the check
                 # (a 404 before the first answer is fatal there too).
                 log.debug("cannot look up %s/%s before joining: %s", prefix, group, exc)
             except CoordinatorUnavailable as exc:
-                log.warning("coordinator unreachable at start-up (%s); members keep retrying", exc)
+                log.warning("%s; members keep retrying", exc)
                 return
 
     async def _detect_xackdel(self) -> bool:
@@ -445,8 +480,12 @@ class StreamKit:
             return False
         try:
             native = await supports_xackdel(self.redis)
-        except Exception as exc:  # Redis down at start-up: readers retry anyway
-            log.warning("could not probe Redis for XACKDEL (%r); using XACK+XDEL", exc)
+        except Exception as exc:  # Redis went away since the check: readers retry anyway
+            log.warning(
+                "could not ask Redis at %s whether it has XACKDEL (%s); using XACK+XDEL",
+                redacted_url(self.settings.redis_url),
+                describe_error(exc),
+            )
             return False
         log.debug("ack_del uses %s", "XACKDEL" if native else "MULTI XACK+XDEL")
         return native
@@ -456,11 +495,8 @@ class StreamKit:
             await publisher.start()
         except ShardStreamsMissing:
             raise
-        except PublisherStartupError as exc:
-            if isinstance(exc.__cause__, CoordinatorUnavailable):
-                log.warning("%s; it will retry on first publish", exc)
-                return
-            raise
+        except CoordinatorUnreachableError as exc:
+            log.warning("%s; it will retry on first publish", exc)
 
     def _wire_container(self, stack: AsyncExitStack) -> None:
         modules: dict[str, ModuleType | str] = {}
@@ -490,6 +526,10 @@ class StreamKit:
         if self._owns_redis and self._redis is not None:
             await self._redis.aclose()
             self._redis = None
+
+
+class RedisUnreachableError(StreamkitError):
+    """Redis did not answer when the app started serving."""
 
 
 async def _placeholder(message: object) -> None:  # pragma: no cover - never called

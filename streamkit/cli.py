@@ -13,9 +13,16 @@ from typing import Annotated, NoReturn
 import anyio
 import anyio.abc
 import typer
+from rich.console import Console
 
 from streamkit.app import StreamKit
+from streamkit.consumer import GroupNotFoundError
+from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
 from streamkit.errors import StreamkitError
+from streamkit.group_hints import existing_groups_hint
+from streamkit.settings import StreamKitSettings
+from streamkit.status import GroupStatus, fetch_status, plain_lines, render
+from streamkit.version import package_version
 
 __all__ = ["cli", "load_app", "main"]
 
@@ -42,6 +49,13 @@ def load_app(target: str) -> StreamKit:
     """Import ``module:attribute`` (the current directory is importable)."""
     module_name, _, attribute = target.partition(":")
     attribute = attribute or "app"
+    if module_name.endswith(".py") or "/" in module_name:
+        # A file name, as for `python myapp.py`: say which import path it means.
+        dotted = module_name.removesuffix(".py").strip("./").replace("/", ".")
+        raise TargetError(
+            f"{target!r} is a file name; name the module and its app instead: "
+            f"streamkit run {dotted}:{attribute}"
+        )
     if not module_name or not all(part.isidentifier() for part in module_name.split(".")):
         raise TargetError(f"{target!r} is not an import path; expected 'module:app'")
     if str(Path.cwd()) not in sys.path and "" not in sys.path:
@@ -86,14 +100,33 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"streamkit {package_version()}")
+        raise typer.Exit()
+
+
 @cli.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
     """streamkit: sharded Redis Streams with a coordinator."""
 
 
 @cli.command()
 def run(
-    target: Annotated[str, typer.Argument(help="The app to run, as 'module:attribute'.")],
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="The app to run: 'module:attribute', or 'module' for the attribute 'app' "
+            "(myapp.py in the current directory is 'myapp:app').",
+        ),
+    ],
     workers: Annotated[
         int, typer.Option(min=1, help="OS processes, each running the app with its own members.")
     ] = 1,
@@ -201,6 +234,42 @@ async def _supervise(target: str, workers: int, log_level: str) -> int:
                 waiters.start_soon(watch, proc)
         tg.cancel_scope.cancel()
     return status
+
+
+@cli.command()
+def status(
+    stream_prefix: Annotated[str, typer.Argument(help="The stream, e.g. 'greetings'.")],
+    group: Annotated[str, typer.Argument(help="The consumer group, e.g. 'printer'.")],
+) -> None:
+    """Show a group's shards (owner, length, lag, pending) and members.
+
+    Uses the STREAMKIT_COORDINATOR_* settings; the credentials need the READ role.
+    """
+    try:
+        settings = StreamKitSettings()
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    try:
+        found = anyio.run(_fetch_status, settings, stream_prefix, group)
+    except StreamkitError as exc:
+        _fail(str(exc), 1)
+    console = Console()
+    if console.is_terminal:
+        console.print(render(found))
+    else:
+        for line in plain_lines(found):
+            typer.echo(line)
+
+
+async def _fetch_status(settings: StreamKitSettings, stream_prefix: str, group: str) -> GroupStatus:
+    async with CoordinatorClient.from_settings(settings) as client:
+        try:
+            return await fetch_status(client, stream_prefix, group)
+        except CoordinatorError as exc:
+            if exc.status_code != 404:
+                raise
+            hint = await existing_groups_hint(client, stream_prefix, group)
+            raise GroupNotFoundError(stream_prefix, group, settings.coordinator_url, hint) from None
 
 
 @cli.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any, TypeAlias
+from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio
 
@@ -36,3 +37,24 @@ def connect_redis(
     if cluster:
         return redis.asyncio.RedisCluster.from_url(url, **options)
     return redis.asyncio.Redis.from_url(url, **options)
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, fit for a log line."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def redis_address(client: AsyncRedis) -> str:
+    """Where ``client`` connects (``host:port/db``, never a password), for messages."""
+    if isinstance(client, redis.asyncio.RedisCluster):
+        nodes = client.nodes_manager.startup_nodes
+        return "cluster " + ", ".join(sorted(nodes)) if nodes else "cluster"
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix:{kwargs['path']}"
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"

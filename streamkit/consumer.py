@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
+from redis.exceptions import RedisError
 
 from streamkit.connections import AsyncRedis
 from streamkit.coordinator_client import (
@@ -37,6 +38,7 @@ from streamkit.lifecycle import ShardContext, ShardLifecycle, monotonic_ms
 from streamkit.member import MemberStateMachine, Reaction, ReactionKind
 from streamkit.poller import ShardPoller
 from streamkit.protocol import HeartbeatAnswer, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus
+from streamkit.redis_health import describe_error
 
 __all__ = [
     "MEMBER_ID_IN_USE",
@@ -53,6 +55,9 @@ _RETRY_CAP_MS = 5_000
 _LEAVE_ATTEMPTS = 3
 #: The coordinator's answer to a join for a member id another process holds.
 MEMBER_ID_IN_USE = "MEMBER_ID_IN_USE"
+#: How long a member whose Redis is unreachable waits for in-flight handlers
+#: before it leaves anyway (their acks could not be sent in any case).
+_RELEASE_DRAIN_S = 2.0
 
 PollerFactory = Callable[[MemberStateMachine], ShardPoller]
 
@@ -60,11 +65,17 @@ PollerFactory = Callable[[MemberStateMachine], ShardPoller]
 class GroupNotFoundError(StreamkitError):
     """The coordinator does not know the stream prefix / consumer group."""
 
-    def __init__(self, stream_prefix: str, consumer_group: str, coordinator_url: str) -> None:
+    def __init__(
+        self, stream_prefix: str, consumer_group: str, coordinator_url: str, hint: str = ""
+    ) -> None:
+        # The hint (the stream's existing groups) comes first: a typo is likelier
+        # than a group nobody created.
         super().__init__(
             f"the coordinator at {coordinator_url} has no consumer group {consumer_group!r} "
-            f"on stream {stream_prefix!r}; create it first (POST /coord/v1/streams/"
-            f"{stream_prefix}/groups/{consumer_group}) - members never create groups"
+            f"on stream {stream_prefix!r}; "
+            + (f"{hint} Otherwise create" if hint else "create")
+            + f" it first (POST /coord/v1/streams/{stream_prefix}/groups/{consumer_group})"
+            " - members never create groups"
         )
         self.stream_prefix = stream_prefix
         self.consumer_group = consumer_group
@@ -97,6 +108,8 @@ class MemberRuntime:
         static: bool = False,
         coordinator_url: str = "",
         request_timeout_s: float = 5.0,
+        redis_release_after_ms: int | None = None,
+        redis_url: str = "",
     ) -> None:
         self.machine = MemberStateMachine(
             member_id,
@@ -119,6 +132,9 @@ class MemberRuntime:
         self._client = coordinator
         self._coordinator_url = coordinator_url
         self._request_timeout_s = request_timeout_s
+        self._redis = redis
+        self._redis_release_after_ms = redis_release_after_ms
+        self._redis_url = redis_url
         self._tg: TaskGroup | None = None
         self._wake = anyio.Event()
         self._stop_requested = False
@@ -194,6 +210,10 @@ class MemberRuntime:
                 if self._forced or not (machine.reading or machine.draining):
                     await self._leave()
                     return
+            elif self._redis_unreachable():
+                await self._release_until_redis_answers()
+                failures = 0
+                continue
             request = machine.next_request(
                 monotonic_ms(),
                 in_flight=self.poller.in_flight() if self.poller else None,
@@ -421,13 +441,88 @@ class MemberRuntime:
             return False
         return True
 
+    # -- Redis unreachable -----------------------------------------------------------
+
+    def _redis_unreachable(self) -> bool:
+        if self.poller is None or self._redis_release_after_ms is None:
+            return False  # a custom reader judges its own Redis access
+        if not (self.machine.reading or self.machine.draining):
+            return False  # nothing held, nothing to give back
+        return self.poller.reachability.should_release(monotonic_ms(), self._redis_release_after_ms)
+
+    async def _release_until_redis_answers(self) -> None:
+        """Give the shards back (drain briefly, then leave), wait until Redis
+        answers a PING, then join again from scratch.
+
+        A member that cannot read its shards must not hold them: heartbeats
+        alone would keep them here for as long as the process runs.
+        """
+        assert self.poller is not None
+        machine = self.machine
+        reach = self.poller.reachability
+        now = monotonic_ms()
+        log.warning(
+            "%s: no successful read or ack from Redis at %s for %.1fs (%s); giving back "
+            "shards %s and leaving the group until Redis answers again "
+            "(check STREAMKIT_REDIS_URL and that redis-server is running)",
+            self.member_id,
+            self._redis_url or self.poller.redis_address,
+            reach.failing_for_ms(now) / 1000,
+            describe_error(reach.last_error) if reach.last_error else "no answer",
+            sorted(machine.reading | machine.draining),
+        )
+        stopped = machine.stop()
+        if stopped:
+            self._begin_drain(stopped)
+        # Handlers may still finish, but acks cannot reach Redis, so do not
+        # wait long: what stays unacked is pending for the next owner.
+        with anyio.move_on_after(_RELEASE_DRAIN_S) as waited:
+            for done in list(self._tails.values()):
+                await done.wait()
+        for scope in list(self._ops):
+            scope.cancel()
+        self._tails.clear()
+        self.poller.abort_all()
+        if waited.cancelled_caught:
+            # A handler may still be running: a leave would hand its shard to
+            # another member at once.  Stay silent instead; the coordinator
+            # frees the shards when the member lease runs out.
+            log.warning(
+                "%s: handlers still running; not leaving, the shards move when the "
+                "member lease runs out",
+                self.member_id,
+            )
+        else:
+            await self._leave(for_restart=False)
+        machine.start_over()
+        self._answered_once = False  # the next answer is a new join
+        failures = 0
+        while not self._stop_requested:
+            try:
+                with anyio.fail_after(self._request_timeout_s):
+                    await self._redis.ping()
+            except (RedisError, OSError, TimeoutError) as exc:
+                failures += 1
+                if failures % 10 == 0:
+                    log.warning(
+                        "%s: Redis at %s still unreachable (%s)",
+                        self.member_id,
+                        self._redis_url or self.poller.redis_address,
+                        describe_error(exc),
+                    )
+                await self._sleep(self._retry_delay_ms(failures))
+                continue
+            reach.succeeded()
+            log.info("%s: Redis answers again; joining the group", self.member_id)
+            return
+
     # -- leaving ------------------------------------------------------------------
 
-    async def _leave(self) -> None:
+    async def _leave(self, *, for_restart: bool = True) -> None:
         if not self._answered_once and self.machine.epoch == 0:
             return  # never joined: nothing to leave
         for attempt in range(1, _LEAVE_ATTEMPTS + 1):
-            request = self.machine.leave_request(monotonic_ms())
+            request = self.machine.leave_request(monotonic_ms(), for_restart=for_restart)
             try:
                 response = await self._send(request, self._request_timeout_ms())
             except (CoordinatorUnavailable, CoordinatorError, TimeoutError) as exc:
@@ -490,9 +585,14 @@ class MemberRuntime:
 
     def _log_failure(self, exc: BaseException, failures: int) -> None:
         if failures == 1 or failures % 10 == 0:
-            lease = "valid" if self.machine.lease_valid(monotonic_ms()) else "expired"
+            if not self.machine.joined:
+                lease = "not joined yet"
+            elif self.machine.lease_valid(monotonic_ms()):
+                lease = "lease valid"
+            else:
+                lease = "lease expired"
             log.warning(
-                "%s: heartbeat failed (%d in a row, lease %s): %s",
+                "%s: heartbeat failed (%d in a row, %s): %s",
                 self.member_id,
                 failures,
                 lease,

@@ -25,11 +25,14 @@ from streamkit.errors import StreamkitError
 from streamkit.protocol import (
     API_PREFIX,
     ErrorResponse,
+    GroupListResponse,
     GroupResponse,
     HeartbeatAnswer,
     HeartbeatRequest,
     LoginResponse,
+    MemberListResponse,
     ProducerRoutingResponse,
+    StreamShardOffsetsResponse,
     WireModel,
 )
 from streamkit.settings import StreamKitSettings
@@ -198,6 +201,27 @@ class CoordinatorClient:
         )
         return await self._call("POST", path, HeartbeatAnswer, body=request)
 
+    # -- monitoring (READ role): ``streamkit status`` and error hints --------------
+
+    async def list_groups(self) -> GroupListResponse:
+        return await self._call("GET", f"{API_PREFIX}/monitoring/groups", GroupListResponse)
+
+    def _monitoring_path(self, stream_prefix: str, consumer_group: str) -> str:
+        return (
+            f"{API_PREFIX}/monitoring"
+            + self.group_path(stream_prefix, consumer_group)[len(API_PREFIX) :]
+        )
+
+    async def list_members(self, stream_prefix: str, consumer_group: str) -> MemberListResponse:
+        path = self._monitoring_path(stream_prefix, consumer_group) + "/members"
+        return await self._call("GET", path, MemberListResponse)
+
+    async def get_offsets(
+        self, stream_prefix: str, consumer_group: str
+    ) -> StreamShardOffsetsResponse:
+        path = self._monitoring_path(stream_prefix, consumer_group) + "/offsets"
+        return await self._call("GET", path, StreamShardOffsetsResponse)
+
     async def _call(
         self, method: str, path: str, model: type[M], *, body: WireModel | None = None
     ) -> M:
@@ -206,7 +230,9 @@ class CoordinatorClient:
                 method, path, json=body.to_wire(exclude_none=True) if body else None
             )
         except httpx.HTTPError as exc:
-            raise CoordinatorUnavailable(f"{method} {path}: {exc!r}") from exc
+            raise CoordinatorUnavailable(
+                _unreachable(self._http.base_url, method, path, exc)
+            ) from exc
         if response.status_code >= 400:
             raise _error(response)
         try:
@@ -215,6 +241,25 @@ class CoordinatorClient:
             raise CoordinatorError(
                 response.status_code, "BAD_RESPONSE", f"unreadable answer to {method} {path}"
             ) from exc
+
+
+def _unreachable(base_url: httpx.URL, method: str, path: str, exc: httpx.HTTPError) -> str:
+    # Name the address and the setting: the usual cause is a coordinator that
+    # is not running, or a client pointed at the wrong place.
+    what = "did not answer in time" if isinstance(exc, httpx.TimeoutException) else "is unreachable"
+    detail = str(exc) or type(exc).__name__
+    return (
+        f"the coordinator at {base_url} {what} ({method} {path}: {detail}); "
+        "is streamkit-server running there? STREAMKIT_COORDINATOR_URL sets the address"
+    )
+
+
+#: What to do about a refused call, by status (appended to the server's message).
+_HINTS = {
+    401: "set STREAMKIT_COORDINATOR_USERNAME and STREAMKIT_COORDINATOR_PASSWORD "
+    "(or STREAMKIT_COORDINATOR_TOKEN) to credentials the coordinator accepts",
+    403: "the credentials are valid but lack the role this call needs",
+}
 
 
 def _error(response: httpx.Response) -> StreamkitError:
@@ -226,8 +271,12 @@ def _error(response: httpx.Response) -> StreamkitError:
         except ValueError:
             detail = response.text[:200]
         return CoordinatorUnavailable(f"coordinator answered {response.status_code}: {detail}")
+    hint = _HINTS.get(response.status_code)
     try:
         err = ErrorResponse.from_wire(response.content)
-        return CoordinatorError(response.status_code, err.error_code, err.message or "")
+        code, message = err.error_code, err.message or ""
     except ValueError:
-        return CoordinatorError(response.status_code, None, response.text[:200])
+        code, message = None, response.text[:200]
+    if hint:
+        message = f"{message} ({hint})"
+    return CoordinatorError(response.status_code, code, message)

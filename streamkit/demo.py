@@ -21,7 +21,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import anyio
 import httpx
@@ -33,10 +32,12 @@ from rich.table import Table
 
 from streamkit.connections import AsyncRedis, connect_redis
 from streamkit.coordinator_client import CoordinatorClient
+from streamkit.errors import StreamkitError
 from streamkit.producer import Publisher, PublishError
 from streamkit.protocol import API_PREFIX
 from streamkit.routing_cache import RoutingUnavailable
 from streamkit.settings import StreamKitSettings
+from streamkit.status import GroupStatus, fetch_status, headline, render
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit.testing.redis_server import RedisServer
 
@@ -80,9 +81,7 @@ class Summary:
 class _State:
     started: float = field(default_factory=time.monotonic)
     events: list[str] = field(default_factory=list)
-    group: dict[str, Any] = field(default_factory=dict)
-    members: list[dict[str, Any]] = field(default_factory=list)
-    shards: list[dict[str, Any]] = field(default_factory=list)
+    status: GroupStatus | None = None
     consumed: dict[int, int] = field(default_factory=dict)
     rates: dict[str, float] = field(default_factory=dict)
     summary: Summary = field(default_factory=Summary)
@@ -242,7 +241,7 @@ async def _run_timeline(
     ):
         tg.start_soon(_publish, publisher, options, state, publish_until)
         tg.start_soon(_script, options, state, http, consumers)
-        await _watch(options, state, http, redis, console, publish_until)
+        await _watch(options, state, coordinator_client, redis, console, publish_until)
         tg.cancel_scope.cancel()
 
 
@@ -292,7 +291,7 @@ async def _script(
 async def _watch(
     options: DemoOptions,
     state: _State,
-    http: httpx.AsyncClient,
+    coordinator: CoordinatorClient,
     redis: AsyncRedis,
     console: Console,
     publish_until: float,
@@ -301,136 +300,105 @@ async def _watch(
     drain_deadline = deadline + 30
     interactive = console.is_terminal
     last_print = 0.0
+    printed_events = 0
     with (
         Live(_render(state, options), console=console, refresh_per_second=4, transient=False)
         if interactive
         else contextlib.nullcontext() as live
     ):
         while True:
-            await _refresh(state, http, redis)
+            await _refresh(state, coordinator)
             now = time.monotonic()
             if live is not None:
                 live.update(_render(state, options))
-            elif now - last_print >= 5:
-                last_print = now
-                console.print(_status_line(state))
-            drained = now > publish_until and _drained(state)
+            else:
+                # Plain log lines (CI, `| tee`): every event once, as it
+                # happens, and a status line every 5 s; never wrapped.
+                for event in state.events[printed_events:]:
+                    _plain(console, event)
+                printed_events = len(state.events)
+                if now - last_print >= 5:
+                    last_print = now
+                    _plain(console, _status_line(state))
+            drained = now > publish_until and state.status is not None and state.status.drained
             if (now >= deadline and drained) or now >= drain_deadline:
                 break
             await anyio.sleep(0.5)
+    if not interactive:
+        for event in state.events[printed_events:]:
+            _plain(console, event)
     state.summary.billed = int(await redis.scard(BILLED))
     state.summary.deliveries = int(await redis.get(DELIVERIES) or 0)
 
 
-async def _refresh(state: _State, http: httpx.AsyncClient, redis: AsyncRedis) -> None:
-    base = f"{API}/monitoring/streams/{ORDERS}/groups/{BILLING}"
+def _plain(console: Console, line: str) -> None:
+    console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+async def _refresh(state: _State, coordinator: CoordinatorClient) -> None:
     try:
-        group, members, offsets = await _gather(
-            http.get(base), http.get(f"{base}/members"), http.get(f"{base}/offsets")
-        )
-    except httpx.HTTPError:
-        return
-    if group.status_code == 200:
-        state.group = group.json()
-    if members.status_code == 200:
-        state.members = members.json().get("members", [])
-    if offsets.status_code == 200:
-        shards = offsets.json().get("shards", [])
-        rates: dict[str, float] = {}
-        for shard in shards:
-            index = shard["shard"]["shardIndex"]
-            lag = shard.get("lag")
-            consumed = shard.get("streamLength", 0) - (lag or 0) - shard.get("pendingCount", 0)
-            delta = consumed - state.consumed.get(index, consumed)
-            state.consumed[index] = consumed
-            for owner in shard.get("ownerMemberIds") or []:
-                rates[owner] = rates.get(owner, 0.0) + max(0, delta) / 0.5
-        state.shards = shards
-        state.rates = rates
-    migration: dict[str, Any] | None = state.group.get("activeMigration")
+        status = await fetch_status(coordinator, ORDERS, BILLING)
+    except StreamkitError:
+        return  # the coordinator is busy or restarting: show the last picture
+    rates: dict[str, float] = {}
+    for shard in status.shards:
+        index = shard.shard.shard_index if shard.shard else -1
+        consumed = (shard.stream_length or 0) - (shard.lag or 0) - (shard.pending_count or 0)
+        delta = consumed - state.consumed.get(index, consumed)
+        state.consumed[index] = consumed
+        for owner in shard.owner_member_ids:
+            rates[owner] = rates.get(owner, 0.0) + max(0, delta) / 0.5
+    state.status = status
+    state.rates = rates
+    migration = status.group.active_migration
     if migration is None and state.migrating:
         state.migrating = False
-        state.event(f"migration done: {state.group.get('shardCount')} shards, old layout retired")
-    if migration:
+        state.event(f"migration done: {status.group.shard_count} shards, old layout retired")
+    if migration is not None:
         state.migrating = True
-        key = f"migration {migration['state']}"
+        key = f"migration {migration.state.value if migration.state else '?'}"
         if not any(key in event for event in state.events[-3:]):
-            change = f"{migration['fromShardCount']} -> {migration['toShardCount']} shards"
+            change = f"{migration.from_shard_count} -> {migration.to_shard_count} shards"
             state.event(f"{key} ({change})")
-
-
-async def _gather(*calls: Any) -> list[httpx.Response]:
-    results: list[httpx.Response] = [None] * len(calls)  # type: ignore[list-item]
-
-    async def one(i: int, call: Any) -> None:
-        results[i] = await call
-
-    async with anyio.create_task_group() as tg:
-        for i, call in enumerate(calls):
-            tg.start_soon(one, i, call)
-    return results
-
-
-def _drained(state: _State) -> bool:
-    return bool(state.shards) and all(
-        s.get("lag") == 0 and s.get("pendingCount", 0) == 0 for s in state.shards
-    )
 
 
 def _render(state: _State, options: DemoOptions) -> Group:
     elapsed = time.monotonic() - state.started
-    g = state.group
     head = (
         f"[bold]{ORDERS}/{BILLING}[/]  {elapsed:5.1f}s / {options.duration:.0f}s   "
-        f"published {state.summary.published}   shards {g.get('shardCount', '?')}   "
-        f"groupEpoch {g.get('groupEpoch', '?')}   "
-        f"assignmentEpoch {g.get('assignmentEpoch', '?')}   "
-        f"metadataVersion {g.get('metadataVersion', '?')}   state {g.get('state', '?')}"
+        f"published {state.summary.published}"
     )
-    shards = Table(title="shards", expand=True)
-    for column in ("shard", "stream key", "owner", "length", "lag", "pending"):
-        shards.add_column(
-            column, justify="right" if column in ("length", "lag", "pending") else "left"
-        )
-    for shard in state.shards:
-        owners = ", ".join(shard.get("ownerMemberIds") or []) or "-"
-        lag = shard.get("lag")
-        shards.add_row(
-            str(shard["shard"]["shardIndex"]),
-            shard.get("streamKey", ""),
-            owners,
-            str(shard.get("streamLength", 0)),
-            "?" if lag is None else str(lag),
-            str(shard.get("pendingCount", 0)),
-        )
-    members = Table(title="members", expand=True)
-    for column in ("member", "state", "epoch", "shards", "msgs/s"):
-        members.add_column(column)
-    for member in state.members:
-        mid = member.get("memberId", "")
-        members.add_row(
-            mid,
-            str(member.get("state", "")),
-            str(member.get("memberEpoch", "")),
-            ",".join(str(s["shardIndex"]) for s in member.get("currentAssignment", [])),
-            f"{state.rates.get(mid, 0.0):.0f}",
-        )
-    events = "\n".join(state.events[-6:]) or "-"
-    return Group(Panel(head), shards, members, Panel(events, title="events"))
+    events = Panel("\n".join(state.events[-6:]) or "-", title="events")
+    if state.status is None:
+        return Group(Panel(head), events)
+    view = render(state.status, head=f"{head}   {headline(state.status)}", rates=state.rates)
+    return Group(view, events)
 
 
 def _status_line(state: _State) -> str:
-    g = state.group
-    owners = sum(1 for s in state.shards if s.get("ownerMemberIds"))
-    last = state.events[-1] if state.events else ""
+    status = state.status
+    if status is None:
+        return f"{time.monotonic() - state.started:5.1f}s published={state.summary.published}"
+    owners = sum(1 for s in status.shards if s.owner_member_ids)
     return (
         f"{time.monotonic() - state.started:5.1f}s published={state.summary.published} "
-        f"shards={g.get('shardCount', '?')} owned={owners} members={len(state.members)} "
-        f"assignmentEpoch={g.get('assignmentEpoch', '?')} | {last}"
+        f"shards={status.group.shard_count} owned={owners} members={len(status.members)} "
+        f"assignmentEpoch={status.group.assignment_epoch}"
     )
 
 
 def _print_summary(console: Console, summary: Summary, options: DemoOptions) -> None:
+    if not console.is_terminal:
+        _plain(
+            console,
+            f"summary: deliveries={summary.deliveries} publish_retries={summary.publish_retries}",
+        )
+        _plain(
+            console,
+            f"published={summary.published} acked={summary.billed} "
+            f"duplicates={summary.duplicates} lost={summary.lost}",
+        )
+        return
     table = Table(title="streamkit demo summary")
     table.add_column("measure")
     table.add_column("value", justify="right")

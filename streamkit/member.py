@@ -170,10 +170,15 @@ class MemberStateMachine:
         self._sent = _Sent(request.request_id, now_ms, frozenset(self.revoked))
         return request
 
-    def leave_request(self, now_ms: int) -> HeartbeatRequest:
+    def leave_request(self, now_ms: int, *, for_restart: bool = True) -> HeartbeatRequest:
         """The graceful leave (memberEpoch -1, or -2 for a static member that
-        will restart); send it after draining everything."""
-        epoch = STATIC_LEAVE_EPOCH if self.static and self.incarnation else LEAVE_EPOCH
+        stops to restart); send it after draining everything.
+
+        ``for_restart=False``: the shards should move on now even for a static
+        member (it gives them up because it cannot read them).
+        """
+        static = self.static and self.incarnation and for_restart
+        epoch = STATIC_LEAVE_EPOCH if static else LEAVE_EPOCH
         request = self._request(epoch, [], [], None, [])
         self._sent = _Sent(request.request_id, now_ms, frozenset())
         return request
@@ -217,6 +222,18 @@ class MemberStateMachine:
         self.draining |= self.reading
         self.reading.clear()
         return stopped
+
+    def start_over(self) -> None:
+        """Forget all ownership and join again with epoch 0, like a new member.
+
+        For a member that left on purpose without shutting down (its Redis was
+        unreachable): whatever it still drained is abandoned, and the next
+        request is a join.
+        """
+        self._lose(HeartbeatStatus.UNKNOWN_MEMBER_ID)
+        self.stopping = False
+        self.left = False
+        self._sent = None
 
     # -- responses -------------------------------------------------------------
 

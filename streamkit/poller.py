@@ -41,11 +41,12 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from redis.exceptions import RedisError, ResponseError
 
-from streamkit.connections import AsyncRedis
+from streamkit.connections import AsyncRedis, redis_address
 from streamkit.lifecycle import monotonic_ms
 from streamkit.member import MemberStateMachine
 from streamkit.message import Message, Settlement
 from streamkit.protocol import RuntimeConsumerCapacity, ShardConsumptionProgress, ShardId
+from streamkit.redis_health import RedisReachability, describe_error, is_unreachable_error
 from streamkit.routing import stream_key
 
 __all__ = [
@@ -298,8 +299,11 @@ class ShardSession:
                         entries, redelivered = await self._read_within_lease(granted)
                     except (RedisError, OSError) as exc:
                         error = exc
+                        if is_unreachable_error(exc):
+                            poller.reachability.failed(monotonic_ms(), exc)
                     else:
                         failures = 0
+                        poller.reachability.succeeded()
                         if entries:
                             await self._handle(entries, redelivered)
                             await self._flush()
@@ -507,11 +511,12 @@ class ShardSession:
             )
         else:
             log.warning(
-                "%s: reading %s failed (failure %d): %r",
+                "%s: reading %s from Redis at %s failed (failure %d): %s",
                 self.member_id,
                 self.stream_key,
+                self._poller.redis_address,
                 failures,
-                exc,
+                describe_error(exc),
             )
 
     # -- handling ----------------------------------------------------------------
@@ -572,6 +577,8 @@ class ShardSession:
                     pipe.xdel(self.stream_key, *dels)
                     await pipe.execute()
             except (RedisError, OSError) as exc:
+                if is_unreachable_error(exc):
+                    self._poller.reachability.failed(monotonic_ms(), exc)
                 if attempt < attempts:
                     await anyio.sleep(_backoff_s(attempt))
                     continue
@@ -579,20 +586,24 @@ class ShardSession:
                     # Unacked entries stay pending and are redelivered to the
                     # next owner: a duplicate, never a loss.
                     log.warning(
-                        "%s: could not ack %d entries of %s: %r",
+                        "%s: could not ack %d entries of %s: %s",
                         self.member_id,
                         len(acks) + len(dels),
                         self.stream_key,
-                        exc,
+                        describe_error(exc),
                     )
                 else:
                     log.warning(
-                        "%s: ack of %s failed, will retry: %r", self.member_id, self.stream_key, exc
+                        "%s: ack of %s failed, will retry: %s",
+                        self.member_id,
+                        self.stream_key,
+                        describe_error(exc),
                     )
                     self._acks[:0] = acks
                     self._ack_dels[:0] = dels
                 return
             break
+        self._poller.reachability.succeeded()
         self.pending_count = max(0, self.pending_count - len(acks) - len(dels))
         if acks:
             self.last_acked_id = _later(self.last_acked_id, acks[-1])
@@ -663,6 +674,10 @@ class ShardPoller:
         self.xackdel = xackdel
         self.observer = observer
         self.gate = FairGate(options.max_in_flight)
+        #: Outcomes of reads and acks: the member gives its shards back when
+        #: Redis stays unreachable (see ``streamkit.redis_health``).
+        self.reachability = RedisReachability()
+        self.redis_address = redis_address(redis)
         self._handler = handler
         self._sessions: dict[int, ShardSession] = {}
         self._changed = anyio.Event()

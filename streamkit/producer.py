@@ -49,14 +49,16 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from streamkit.connections import AsyncRedis, connect_redis
-from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
+from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
 from streamkit.errors import StreamkitError
+from streamkit.group_hints import existing_groups_hint
 from streamkit.routing import shard_for_key
 from streamkit.routing_cache import RoutingCache, RoutingTable, RoutingUnavailable
 from streamkit.routing_refresher import RefreshFlight, RoutingRefresher
 from streamkit.settings import StreamKitSettings
 
 __all__ = [
+    "CoordinatorUnreachableError",
     "FieldValue",
     "Fields",
     "PartitionKey",
@@ -119,6 +121,11 @@ class PublisherStartupError(PublishError):
         super().__init__(message)
         self.stream_prefix = stream_prefix
         self.consumer_group = consumer_group
+
+
+class CoordinatorUnreachableError(PublisherStartupError):
+    """The coordinator could not be reached for the first routing (its message
+    names the address and ``STREAMKIT_COORDINATOR_URL``)."""
 
 
 class UnknownGroupError(PublisherStartupError):
@@ -347,7 +354,17 @@ class Publisher:
     async def _start_once(self) -> None:
         flight = await self._refresher.refresh()
         if flight.error is not None:
-            raise self._startup_error(flight.error) from flight.error
+            hint = ""
+            if isinstance(flight.error, CoordinatorError) and flight.error.status_code == 404:
+                hint = await existing_groups_hint(
+                    self._coordinator, self.stream_prefix, self.consumer_group
+                )
+            error = self._startup_error(flight.error, hint)
+            if isinstance(error, CoordinatorUnreachableError):
+                # The message says what and where; the HTTP client's chain of
+                # tracebacks under it would only bury that.
+                raise error from None
+            raise error from flight.error
         table = self._cache.table
         assert table is not None  # a successful first refresh always installs one
         if table.shard_count == 0:
@@ -376,17 +393,24 @@ class Publisher:
             table.metadata_version,
         )
 
-    def _startup_error(self, error: BaseException) -> PublishError:
+    def _startup_error(self, error: BaseException, hint: str = "") -> PublishError:
         name = f"stream {self.stream_prefix!r} / group {self.consumer_group!r}"
         if isinstance(error, CoordinatorError) and error.status_code == 404:
             return UnknownGroupError(
                 f"the coordinator has no consumer group {self.consumer_group!r} for stream "
-                f"{self.stream_prefix!r}; create it (POST /coord/v1/streams/"
-                f"{self.stream_prefix}/groups/{self.consumer_group}) before publishing",
+                f"{self.stream_prefix!r}; "
+                + (f"{hint} Otherwise create" if hint else "create")
+                + f" it (POST /coord/v1/streams/{self.stream_prefix}/groups/"
+                f"{self.consumer_group}) before publishing",
                 self.stream_prefix,
                 self.consumer_group,
             )
-        return PublisherStartupError(
+        kind = (
+            CoordinatorUnreachableError
+            if isinstance(error, CoordinatorUnavailable)
+            else PublisherStartupError
+        )
+        return kind(
             f"cannot get producer routing for {name}: {error}",
             self.stream_prefix,
             self.consumer_group,

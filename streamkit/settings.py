@@ -31,6 +31,10 @@ class StreamKitSettings(BaseSettings):
     coordinator_timeout: float = 5.0
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_cluster: bool = False
+    #: Seconds a member may go without a successful Redis read or ack, once one
+    #: failed, before it gives its shards back and leaves the group until Redis
+    #: answers again (so members that can read take them over).
+    redis_release_after: float = Field(default=15.0, gt=0)
     #: The readable start of this process's member ids.  Each start of the
     #: process adds a random part, so processes with identical settings are
     #: distinct members (``{base}-{random}-m{i}``), unless ``static_membership``.

@@ -21,6 +21,7 @@ import uvicorn
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from streamkit.version import package_version
 from streamkit_server.api import create_app
 from streamkit_server.api.runtime import Runtime, make_redis_client
 from streamkit_server.settings import ServerSettings
@@ -48,6 +49,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> ServerSettings:
         prog="streamkit-server",
         description="Run the streamkit coordinator (KIP-848-style, sharded Redis Streams).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     for name, field in ServerSettings.model_fields.items():
         env = f"STREAMKIT_SERVER_{name.upper()}"
         default = "(generated at start-up)" if field.default is None else field.default

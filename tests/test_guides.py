@@ -6,16 +6,23 @@
   table with its real default;
 * the routing vectors and the routing settings in ``docs/producer.md`` match
   ``shard_for_key`` and ``StreamKitSettings``;
-* ``docs/getting-started.md`` shows the README's commands exactly.
-
-None of these tests needs Redis.
+* ``docs/getting-started.md`` shows the README's commands exactly;
+* a newcomer following ``docs/getting-started.md`` literally reaches a handled
+  message: its commands and snippets run in order in an empty home directory
+  (the only test here that needs ``redis-server``).
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
+import os
 import re
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +32,7 @@ from pydantic_core import PydanticUndefined
 from streamkit.app import StreamKit
 from streamkit.routing import shard_for_key
 from streamkit.settings import StreamKitSettings
+from streamkit.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -169,3 +177,162 @@ def test_getting_started_shows_the_readme_commands_exactly() -> None:
     guide = _bash_blocks(GETTING_STARTED)
     for block in readme:
         assert block in guide, f"docs/getting-started.md lacks README's command:\n{block}"
+
+
+# -- getting started, followed literally ---------------------------------------------------
+
+_DIRECTIVE = re.compile(r"<!-- guide: (?P<what>.*?) -->")
+_BLOCK = re.compile(r"^```(?P<lang>\w+)\n(?P<body>.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class GuideStep:
+    lang: str
+    source: str
+    #: The ``<!-- guide: ... -->`` line right before the block, if any.
+    directive: str
+
+
+def _walkthrough() -> list[GuideStep]:
+    """The bash and python blocks of "Your first listener", in order."""
+    text = GETTING_STARTED.read_text(encoding="utf-8")
+    start = text.index("## Your first listener")
+    end = text.index("## Where to go next")
+    steps = []
+    for match in _BLOCK.finditer(text, start, end):
+        if match["lang"] not in ("bash", "python"):
+            continue
+        before = text[: match.start()].rstrip().splitlines()[-1]
+        directive = _DIRECTIVE.fullmatch(before.strip())
+        steps.append(
+            GuideStep(match["lang"], match["body"], directive["what"] if directive else "")
+        )
+    return steps
+
+
+def test_walkthrough_parser_sees_the_guide() -> None:
+    steps = _walkthrough()
+    assert steps[0].directive == "every-terminal"
+    assert [s.directive for s in steps if s.lang == "python"] == [
+        "file myapp.py",
+        "file publish.py",
+        "file publish_again.py",
+    ]
+    assert sum(s.directive.startswith("background") for s in steps) == 3
+
+
+class _Walk:
+    """Runs guide steps the way a reader would, in terminals sharing one home."""
+
+    def __init__(self, home: Path, ports: dict[str, str]) -> None:
+        self.home = home
+        self.ports = ports
+        self.env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("STREAMKIT_", "VIRTUAL_ENV"))
+        }
+        self.env["HOME"] = str(home)
+        self.env["PYTHONUNBUFFERED"] = "1"
+        self.terminal = ""  # the lines every terminal runs first
+        self.background: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def text(self, source: str) -> str:
+        # The guide's fixed ports may be taken on a shared machine.
+        for literal, port in self.ports.items():
+            source = source.replace(literal, port)
+        return source
+
+    def bash(self, source: str) -> str:
+        script = f"set -e\n{self.terminal}\n{self.text(source)}"
+        result = subprocess.run(
+            ["bash", "-c", script], env=self.env, capture_output=True, text=True, timeout=120
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, f"step failed:\n{source}\n{output}"
+        assert '"errorCode"' not in output, f"step answered an error:\n{source}\n{output}"
+        return output
+
+    def start(self, source: str, ready: str) -> tuple[subprocess.Popen[bytes], Path]:
+        command = self.text(source).strip()
+        log = self.home / f"terminal-{len(self.background)}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                ["bash", "-c", f"set -e\n{self.terminal}\n{command}"],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.background.append((proc, log))
+        self.wait_for(log, [ready], proc, what=command)
+        return proc, log
+
+    def wait_for(
+        self, log: Path, needles: list[str], proc: subprocess.Popen[bytes], what: str
+    ) -> None:
+        deadline = time.monotonic() + 60
+        while True:
+            text = log.read_text(errors="replace")
+            if all(n in text for n in needles):
+                return
+            assert proc.poll() is None, f"{what} exited ({proc.returncode}):\n{text}"
+            assert time.monotonic() < deadline, f"{what}: no {needles} within 60 s:\n{text}"
+            time.sleep(0.1)
+
+    def stop_all(self) -> None:
+        for proc, _ in reversed(self.background):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+
+
+@pytest.mark.redis  # starts redis-server and streamkit-server as the guide says
+@pytest.mark.skipif(
+    not (ROOT / ".venv" / "bin" / "activate").exists(),
+    reason="the guide activates the checkout's .venv; run scripts/setup.sh first",
+)
+def test_getting_started_followed_literally_handles_messages(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "streamkit").symlink_to(ROOT)  # the guide's ~/streamkit checkout
+    walk = _Walk(home, {"6379": str(free_port()), "8080": str(free_port())})
+    workdir = home / "hello-streamkit"
+    listener: tuple[subprocess.Popen[bytes], Path] | None = None
+    try:
+        for step in _walkthrough():
+            if step.directive == "every-terminal":
+                walk.bash(step.source)  # works on its own ...
+                walk.terminal = walk.text(step.source)  # ... and starts every terminal
+                assert workdir.is_dir() and not any(workdir.iterdir()), "not an empty directory"
+            elif step.directive.startswith("file "):
+                (workdir / step.directive.removeprefix("file ")).write_text(step.source)
+            elif step.directive.startswith("background "):
+                ready = shlex.split(step.directive.removeprefix("background "))[0]
+                started = walk.start(step.source, ready)
+                if "streamkit run" in step.source:
+                    listener = started
+            else:
+                assert step.lang == "bash" and not step.directive, step
+                output = walk.bash(step.source)
+                if "python publish.py" in step.source:
+                    assert listener is not None, "the guide publishes before a listener runs"
+                    names = ["hello, ada", "hello, grace", "hello, linus"]
+                    walk.wait_for(listener[1], names, listener[0], "the listener")
+                    assert output.count("PublishResult(") == 3, output
+                elif "python publish_again.py" in step.source:
+                    assert listener is not None
+                    walk.wait_for(listener[1], ["hello again, ada"], listener[0], "the listener")
+                elif "streamkit status" in step.source:
+                    assert "shard 3 key=greetings:3" in output and "member " in output, output
+        assert listener is not None, "the guide never runs a listener"
+        # Step "Stop it": Ctrl-C drains and leaves, exit status 0.
+        proc, log = listener
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(30) == 0, log.read_text()
+        assert "left the group" in log.read_text()
+        assert not (workdir / "dump.rdb").exists(), "the throwaway Redis wrote dump.rdb"
+    finally:
+        walk.stop_all()

@@ -163,3 +163,25 @@ def test_stop_drains_everything_and_leave_sends_minus_one() -> None:
     assert m.readable(1) == frozenset()
     leave = m.leave_request(5)
     assert leave.member_epoch == -1 and leave.owned_shards == []
+
+
+def test_start_over_after_leaving_joins_like_a_new_member() -> None:
+    # A member whose Redis is unreachable stops, leaves, then starts over.
+    m = joined([0, 1, 2])
+    m.stop()
+    m.drained(0)  # one shard drained, two abandoned mid-drain
+    leave = m.leave_request(10)
+    m.on_response(answer(leave, epoch=-1))
+    m.start_over()
+    assert (m.epoch, m.reading, m.draining, m.revoked, m.stopping) == (
+        0,
+        set(),
+        set(),
+        set(),
+        False,
+    )
+    join = m.next_request(20)
+    assert join.member_epoch == 0 and join.owned_shards == [] and join.revoking_shards == []
+    reactions = m.on_response(answer(join, assigned=[1]))
+    assert [(r.kind, sorted(r.shards)) for r in reactions] == [(ReactionKind.START, [1])]
+    assert m.readable(20) == {1}

@@ -309,3 +309,9 @@ def test_demo_runs_and_loses_nothing() -> None:
     assert match["lost"] == "0", output
     assert int(match["published"]) > 0, output
     assert int(match["acked"]) == int(match["published"]), output
+    # Not a terminal: plain log lines, never wrapped, each event once.
+    lines = output.splitlines()
+    assert sum("scaling orders from 8 to 12 shards" in line for line in lines) == 1, output
+    status_lines = [line for line in lines if " published=" in line]
+    assert status_lines, output
+    assert all("assignmentEpoch=" in line for line in status_lines), output

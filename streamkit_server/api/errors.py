@@ -70,7 +70,22 @@ async def _validation(request: Request, exc: Exception) -> JSONResponse:
     message = "; ".join(_describe(e) for e in errors[:5]) or "invalid request"
     if len(errors) > 5:
         message += f" (and {len(errors) - 5} more)"
+    content_type = request.headers.get("content-type", "")
+    body_error = any(tuple(e.get("loc", ()))[:1] == ("body",) for e in errors)
+    if body_error and not _is_json(content_type):
+        # FastAPI does not parse a body declared as something else (curl -d
+        # sends form encoding), so the real problem is the header.
+        shown = f"{content_type!r}" if content_type else "none"
+        message = (
+            f"the request body must be JSON sent with the header "
+            f"'Content-Type: application/json' (Content-Type was {shown}); {message}"
+        )
     return error_response(400, code, message)
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
 
 
 async def _http(request: Request, exc: Exception) -> JSONResponse:

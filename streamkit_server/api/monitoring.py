@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 import re
 from typing import Annotated, Any
 
@@ -31,6 +30,7 @@ from streamkit.protocol import (
     shard_ids,
 )
 from streamkit.routing import stream_key
+from streamkit.version import package_version
 from streamkit_server import views
 from streamkit_server.api.deps import group_keys, optional_principal, require, runtime
 from streamkit_server.core import LAYOUT_VERSION, SCHEMA_VERSION, GroupMetadata
@@ -62,13 +62,6 @@ def _parse_cursor(cursor: str) -> tuple[int, int]:
             "like 1700000000-0",
         )
     return int(match[1]), int(match[2])
-
-
-def _server_version() -> str:
-    try:
-        return importlib.metadata.version("streamkit")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _json(model: Any) -> JSONResponse:
@@ -104,7 +97,7 @@ async def compatibility(request: Request, _p: Reader) -> JSONResponse:
     versions = list(SUPPORTED_PROTOCOL_VERSIONS)
     return JSONResponse(
         {
-            "serverVersion": _server_version(),
+            "serverVersion": package_version(),
             "protocolVersion": PROTOCOL_VERSION,
             "minProtocolVersion": min(versions),
             "maxProtocolVersion": max(versions),

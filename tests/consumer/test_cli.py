@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from streamkit.testing import RedisTarget
+from streamkit.testing import RedisTarget, free_port
 
 from .support import REPO, app_env
 
@@ -35,6 +37,8 @@ def run(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Complete
         ("streamkit.settings:no_app", "has no attribute 'no_app'"),
         ("streamkit.settings:StreamKitSettings", "not a streamkit.StreamKit application"),
         ("not a path", "is not an import path"),
+        ("myapp.py", "streamkit run myapp:app"),
+        ("pkg/jobs.py:worker", "streamkit run pkg.jobs:worker"),
     ],
 )
 def test_bad_import_path(target: str, fragment: str) -> None:
@@ -51,6 +55,136 @@ def test_help_lists_the_options() -> None:
     assert result.returncode == 0
     for option in ("--workers", "--log-level"):
         assert option in result.stdout
+    # `streamkit run myapp` works, so the help must not claim ':attribute' is required.
+    text = " ".join(result.stdout.replace("│", " ").split())
+    assert "or 'module' for the attribute 'app'" in text, text
+
+
+@pytest.mark.parametrize("module", ["streamkit", "streamkit_server"])
+def test_both_commands_print_their_version(module: str) -> None:
+    from streamkit.version import package_version
+
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result
+    name = "streamkit" if module == "streamkit" else "streamkit-server"
+    assert result.stdout.strip() == f"{name} {package_version()}"
+
+
+def test_unreachable_redis_fails_fast_naming_the_address() -> None:
+    url = f"redis://:secret@127.0.0.1:{free_port()}/0"
+    env = {
+        "STREAMKIT_REDIS_URL": url,
+        "STREAMKIT_COORDINATOR_URL": f"http://127.0.0.1:{free_port()}",
+        "SKT_PREFIX": "any",
+        "SKT_GROUP": "any",
+        "SKT_RECORD": os.devnull,
+    }
+    result = run("run", "tests.consumer.apps.recording:app", env=env)
+    assert result.returncode == 1, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot reach Redis at "), lines
+    assert url.replace("secret", "***") in lines[0] and "secret" not in lines[0]
+    assert "STREAMKIT_REDIS_URL" in lines[0] and "redis-server running" in lines[0]
+
+
+def run_until(
+    args: list[str], env: Mapping[str, str], needles: list[str], within: float = 20.0
+) -> str:
+    """Start ``streamkit *args``, wait until its output shows every needle,
+    stop it with SIGTERM and return the output."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamkit", *args],
+            cwd=REPO,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + within
+            text = ""
+            while time.monotonic() < deadline:
+                out.seek(0)
+                text = out.read()
+                if all(n in text for n in needles) or proc.poll() is not None:
+                    break
+                time.sleep(0.1)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        out.seek(0)
+        return out.read()
+
+
+@pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
+def test_unreachable_coordinator_names_url_setting_and_server(
+    coordinator: Any, any_redis: RedisTarget
+) -> None:
+    down = f"http://127.0.0.1:{free_port()}"
+    env = app_env(
+        coordinator, any_redis, base="cli", prefix="p", group="g", record=Path(os.devnull)
+    )
+    env["STREAMKIT_COORDINATOR_URL"] = down
+    text = run_until(["run", "tests.consumer.apps.recording:app"], env, ["heartbeat failed"])
+    warning = next(line for line in text.splitlines() if "members keep retrying" in line)
+    assert f"the coordinator at {down} is unreachable" in warning, text
+    assert "STREAMKIT_COORDINATOR_URL" in warning and "streamkit-server running" in warning
+    first_failure = next(line for line in text.splitlines() if "heartbeat failed" in line)
+    assert "not joined yet" in first_failure and "lease expired" not in first_failure, text
+
+
+@pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
+async def test_wrong_password_warns_at_start(
+    coordinator: Any, any_redis: RedisTarget, admin: Any, names: tuple[str, str]
+) -> None:
+    prefix, group = names
+    await admin.create_group(prefix, group, 2)
+    env = app_env(
+        coordinator, any_redis, base="cli", prefix=prefix, group=group, record=Path(os.devnull)
+    )
+    env["STREAMKIT_COORDINATOR_PASSWORD"] = "not-the-password"
+    text = run_until(["run", "tests.consumer.apps.recording:app"], env, ["401"])
+    line = next(line for line in text.splitlines() if "401" in line)
+    assert "STREAMKIT_COORDINATOR_USERNAME" in line and "STREAMKIT_COORDINATOR_PASSWORD" in line
+    assert text.index("401") < text.index("serving"), text  # said before anything else
+
+
+@pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
+async def test_a_typo_in_the_group_names_the_existing_one(
+    coordinator: Any, any_redis: RedisTarget, admin: Any, names: tuple[str, str]
+) -> None:
+    prefix, _ = names
+    await admin.create_group(prefix, "printer", 2)
+    env = app_env(
+        coordinator, any_redis, base="cli", prefix=prefix, group="printr", record=Path(os.devnull)
+    )
+    result = run("run", "tests.consumer.apps.recording:app", env=env)
+    assert result.returncode == 1, result
+    last = result.stderr.strip().splitlines()[-1]
+    assert "no consumer group 'printr'" in last and "did you mean 'printer'?" in last, last
+    status = run("status", prefix, "printr", env=env)
+    assert status.returncode == 1 and "did you mean 'printer'?" in status.stderr, status
+
+
+@pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
+async def test_status_prints_shards_and_members(
+    coordinator: Any, any_redis: RedisTarget, admin: Any, names: tuple[str, str], redis: Any
+) -> None:
+    prefix, group = names
+    await admin.create_group(prefix, group, 2)
+    await redis.xadd(f"{prefix}:1", {"a": "1"})
+    env = app_env(
+        coordinator, any_redis, base="cli", prefix=prefix, group=group, record=Path(os.devnull)
+    )
+    result = run("status", prefix, group, env=env)
+    assert result.returncode == 0, result
+    lines = result.stdout.splitlines()  # not a terminal: plain lines
+    assert lines[0].startswith(f"{prefix}/{group}  state EMPTY  shards 2"), lines
+    assert f"shard 1 key={prefix}:1 owner=- length=1 lag=1 pending=0" in lines, lines
+    assert "no members" in lines, lines
 
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)

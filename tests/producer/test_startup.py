@@ -6,6 +6,7 @@ import pytest
 
 from streamkit.coordinator_client import CoordinatorClient
 from streamkit.producer import (
+    CoordinatorUnreachableError,
     PublisherClosedError,
     PublisherStartupError,
     ShardStreamsMissing,
@@ -51,14 +52,30 @@ async def test_missing_or_foreign_shard_keys_fail_start(stack: Stack) -> None:
     assert await stack.redis.exists(stack.key(2)) == 0
 
 
+async def test_a_typo_in_the_group_is_named(stack: Stack) -> None:
+    await stack.create_group(2, group="printer")
+    with pytest.raises(UnknownGroupError) as caught:
+        await stack.publisher(group="printr").start()
+    message = str(caught.value)
+    assert "did you mean 'printer'?" in message, message
+    assert f"POST /coord/v1/streams/{stack.prefix}/groups/printr" in message  # or create it
+
+
 async def test_start_needs_a_reachable_coordinator(stack: Stack) -> None:
     await stack.create_group(2)
     pub = stack.publisher(settings=stack.settings(coordinator_url="http://127.0.0.1:9"))
-    with pytest.raises(PublisherStartupError, match="cannot get producer routing"):
+    with pytest.raises(CoordinatorUnreachableError, match="cannot get producer routing") as down:
         await pub.start()
+    message = str(down.value)
+    assert "http://127.0.0.1:9" in message and "STREAMKIT_COORDINATOR_URL" in message
+    assert "streamkit-server running" in message
+    # The message says it all; no chain of HTTP client tracebacks under it.
+    assert down.value.__cause__ is None and down.value.__suppress_context__
     user = stack.settings(coordinator_password="wrong")
-    with pytest.raises(PublisherStartupError, match="401"):
+    with pytest.raises(PublisherStartupError, match="401") as refused:
         await stack.publisher(settings=user).start()
+    assert "STREAMKIT_COORDINATOR_USERNAME" in str(refused.value)
+    assert "STREAMKIT_COORDINATOR_PASSWORD" in str(refused.value)
 
 
 async def test_zero_shard_stream_fails_start(stack: Stack) -> None:

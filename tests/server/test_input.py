@@ -63,6 +63,13 @@ CASES: list[tuple[str, str, dict[str, Any], int, str, str]] = [
     ("POST", HB, {"content": b"{not json", "headers": {"content-type": "application/json"}},
      400, "MALFORMED_JSON", "JSON"),
     ("POST", HB, {"content": b'{"a":1}'}, 400, "INVALID_REQUEST", "body"),
+    # What `curl -d` sends: JSON text declared as a form. The message names the header.
+    ("POST", GROUP, {"content": b'{"initialShardCount": 2, "requestedBy": "t"}',
+                     "headers": {"content-type": "application/x-www-form-urlencoded"}},
+     400, "INVALID_REQUEST", "'Content-Type: application/json' (Content-Type was "
+     "'application/x-www-form-urlencoded')"),
+    ("POST", GROUP, {"content": b'{"initialShardCount": 2, "requestedBy": "t"}'},
+     400, "INVALID_REQUEST", "'Content-Type: application/json' (Content-Type was none)"),
     ("POST", HB, {"content": b"x" * (2 << 20), "headers": {"content-type": "application/json"}},
      413, "PAYLOAD_TOO_LARGE", "limit"),
     ("POST", HB, {"chunked": 2 << 20, "headers": {"content-type": "application/json"}},

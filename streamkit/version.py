@@ -1,0 +1,14 @@
+"""The installed version of the ``streamkit`` distribution (both CLIs, the server)."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+__all__ = ["package_version"]
+
+
+def package_version() -> str:
+    try:
+        return version("streamkit")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"

@@ -1,0 +1,217 @@
+"""A member that cannot reach its shards' Redis gives them back, and rejoins
+once Redis answers again.
+
+* One app reaches Redis through a TCP forwarder that the test cuts: its
+  heartbeats still succeed (the coordinator is fine), so only the new rule can
+  make it let go; a healthy app in another "process" takes every shard, and
+  gets half back once the path is restored.
+* A real redis-server (append-only file, so a restart keeps the groups) is
+  stopped under a running app and started again: the app leaves, waits, and
+  handles new messages after the restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+from streamkit import Message, StreamKit
+from streamkit.protocol import MemberState
+from streamkit.testing import HOST, RedisServer, RedisTarget, redis_client
+
+from .support import Admin, eventually, in_process_settings, serving, settled_ownership
+
+pytestmark = pytest.mark.slow
+
+SHARDS = 4
+RELEASE_AFTER_S = 0.5
+
+
+class CuttableForwarder:
+    """Forwards TCP to a Redis port until ``cut()`` closes the listener and
+    every connection; ``restore()`` listens on the same port again."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._open = False
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    async def restore(self) -> None:
+        self._open = True
+        self._server = await asyncio.start_server(self._serve, HOST, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        self._open = False
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for writer in list(self._writers):
+            writer.close()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        upstream_r, upstream_w = await asyncio.open_connection(HOST, self.upstream_port)
+        if not self._open:  # accepted just before the cut: it must not get through
+            client_w.close()
+            upstream_w.close()
+            return
+        self._writers.update((client_w, upstream_w))
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, ConnectionError):
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+
+        tasks = [
+            asyncio.create_task(pipe(client_r, upstream_w)),
+            asyncio.create_task(pipe(upstream_r, client_w)),
+        ]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for writer in (client_w, upstream_w):
+                writer.close()
+                self._writers.discard(writer)
+
+
+def _app(coordinator: Any, target: RedisTarget, base: str, prefix: str, group: str) -> Any:
+    app = StreamKit(
+        **in_process_settings(coordinator, target, base), redis_release_after=RELEASE_AFTER_S
+    )
+    app.handled = []  # type: ignore[attr-defined]
+
+    @app.stream_listener(stream_prefix=prefix, group=group, block_ms=200)
+    async def handle(msg: Message) -> None:
+        app.handled.append(msg.id)  # type: ignore[attr-defined]
+        await msg.ack()
+
+    return app
+
+
+@pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
+async def test_member_without_redis_gives_shards_to_one_with_redis(
+    any_redis: RedisTarget,
+    redis_server: RedisServer,
+    coordinator: Any,
+    redis: Any,
+    names: tuple[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    prefix, group = names
+    admin = Admin(coordinator)
+    await admin.create_group(prefix, group, SHARDS)
+    forwarder = CuttableForwarder(redis_server.port)
+    await forwarder.restore()
+    cut = _app(coordinator, RedisTarget(forwarder.url, cluster=False), "cut", prefix, group)
+    healthy = _app(coordinator, any_redis, "healthy", prefix, group)
+    both = ["cut-m0", "healthy-m0"]
+    caplog.set_level(logging.INFO, logger="streamkit.consumer")
+
+    async def publish() -> set[str]:
+        return {(await redis.xadd(f"{prefix}:{s}", {"n": str(s)})).decode() for s in range(SHARDS)}
+
+    try:
+        async with serving(cut), serving(healthy):
+            await eventually(
+                lambda: _settled(admin, prefix, group, both), 20, "both members sharing shards"
+            )
+            await forwarder.cut()
+            # Heartbeats of `cut` still succeed: only its failed reads make it let go.
+            await eventually(
+                lambda: _settled(admin, prefix, group, ["healthy-m0"]),
+                20,
+                "the healthy member owning every shard",
+            )
+            states = {m.member_id: m.state for m in (await admin.members(prefix, group)).members}
+            # It left; it was not expired or fenced (its heartbeats never stopped).
+            assert states.get("cut-m0") in (None, MemberState.LEAVING), states
+            released = [r.getMessage() for r in caplog.records if "giving back" in r.getMessage()]
+            assert released, "no release was logged"
+            assert "STREAMKIT_REDIS_URL" in released[0], released
+            assert f"127.0.0.1:{forwarder.port}/0" in released[0], released
+
+            ids = await publish()
+            await eventually(lambda: ids <= set(healthy.handled), 10, "the healthy member handling")
+
+            await forwarder.restore()
+            await eventually(
+                lambda: _settled(admin, prefix, group, both), 20, "the cut member rejoining"
+            )
+            assert any("Redis answers again" in r.getMessage() for r in caplog.records)
+            ids = await publish()
+            await eventually(
+                lambda: ids <= set(healthy.handled) | set(cut.handled), 10, "both handling"
+            )
+            assert ids & set(cut.handled), "the rejoined member handles its shards again"
+    finally:
+        await forwarder.cut()
+
+
+async def _settled(admin: Admin, prefix: str, group: str, members: list[str]) -> bool:
+    try:
+        owners = await admin.owners(prefix, group)
+    except httpx.HTTPStatusError as exc:
+        # 503 REDIS_UNAVAILABLE while the coordinator's Redis is restarting.
+        if exc.response.status_code == 503:
+            return False
+        raise
+    return settled_ownership(owners, members, SHARDS)
+
+
+async def test_app_rides_out_a_redis_restart(
+    coordinator_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # appendfsync always: the coordinator's groups survive the SIGKILL below.
+    with RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always")) as server:
+        target = RedisTarget(server.url, cluster=False)
+        coordinator = coordinator_factory(target)
+        admin = Admin(coordinator)
+        prefix, group = f"restart-{uuid.uuid4().hex[:8]}", "billing"
+        await admin.create_group(prefix, group, SHARDS)
+        app = _app(coordinator, target, "restart", prefix, group)
+        client = redis_client(target)
+        caplog.set_level(logging.INFO, logger="streamkit.consumer")
+        try:
+            async with serving(app):
+                await eventually(
+                    lambda: _settled(admin, prefix, group, ["restart-m0"]), 20, "joining"
+                )
+                first = (await client.xadd(f"{prefix}:0", {"n": "1"})).decode()
+                await eventually(lambda: first in app.handled, 10, "the first message")
+
+                server.kill()
+                await eventually(
+                    lambda: any("giving back shards" in r.getMessage() for r in caplog.records),
+                    20,
+                    "the member giving its shards back",
+                )
+                member = app.members[0]
+                await eventually(lambda: member.machine.epoch == 0, 20, "the member leaving")
+                server.restart()
+
+                await eventually(
+                    lambda: _settled(admin, prefix, group, ["restart-m0"]), 30, "rejoining"
+                )
+                # A new client: the old one's pooled connection died with the server.
+                await client.aclose()
+                client = redis_client(target)
+                second = (await client.xadd(f"{prefix}:1", {"n": "2"})).decode()
+                await eventually(lambda: second in app.handled, 10, "a message after the restart")
+        finally:
+            await client.aclose()
