@@ -76,11 +76,10 @@ async def test_no_read_outlives_the_lease_when_redis_stops_answering(
             )
 
 
+@pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)  # a settings check
 async def test_a_local_lease_longer_than_the_coordinators_is_refused(
     coordinator: Any, any_redis: RedisTarget, names: tuple[str, str]
 ) -> None:
-    if any_redis.cluster:
-        pytest.skip("a settings check: one Redis flavour is enough")
     prefix, group = names
     await Admin(coordinator).create_group(prefix, group, 1)
     settings = in_process_settings(coordinator, any_redis, "long-lease")

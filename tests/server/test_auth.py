@@ -13,8 +13,9 @@ from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit_server.security import Authenticator, Principal, Role
+from streamkit_server.token_secret import token_secret_key
 
-from .sim import API, SimMember, create_group
+from .sim import API, KEY_PREFIX, SimMember, create_group, redis_of
 
 Factory = Callable[..., CoordinatorProcess]
 SECRET = b"streamkit-test-token-secret"  # CoordinatorProcess's default token secret
@@ -95,6 +96,7 @@ async def test_admin_and_monitoring_need_credentials(
         assert (await member.heartbeat())["status"] == "OK"
 
 
+@pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 async def test_member_api_open_only_with_the_insecure_switch(
     any_redis: RedisTarget, coordinator_factory: Factory
 ) -> None:
@@ -108,37 +110,36 @@ async def test_member_api_open_only_with_the_insecure_switch(
         assert (await http.get(GROUPS)).status_code == 401
 
 
-async def test_coordinators_without_a_configured_secret_share_one_through_redis(
-    any_redis: RedisTarget, coordinator_factory: Factory
+@pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
+async def test_coordinators_share_a_secret_through_redis_and_clients_survive_rotation(
+    any_redis: RedisTarget, coordinator_factory: Factory, caplog: pytest.LogCaptureFixture
 ) -> None:
     first = coordinator_factory(any_redis, token_secret=None)
     second = coordinator_factory(any_redis, token_secret=None)
     async with httpx.AsyncClient() as http:
+        await create_group(http, first, "relogin", "g", 1)
         login = await http.post(f"{first.url}{API}/auth/login", auth=first.admin_auth)
         token = login.json()["accessToken"]
         for coord in (first, second):
             reply = await http.get(f"{coord.url}{GROUPS}", headers=_bearer(token))
             assert reply.status_code == 200, coord
         # A restart reads the same secret: the token survives it.
-        second.restart()
+        await asyncio.to_thread(second.restart)
         reply = await http.get(f"{second.url}{GROUPS}", headers=_bearer(token))
         assert reply.status_code == 200
 
-
-async def test_client_logs_in_again_when_its_token_is_refused(
-    any_redis: RedisTarget, coordinator_factory: Factory, caplog: pytest.LogCaptureFixture
-) -> None:
-    coord = coordinator_factory(any_redis, env={"STREAMKIT_SERVER_TOKEN_TTL_SECONDS": "1"})
-    async with httpx.AsyncClient() as http:
-        await create_group(http, coord, "relogin", "g", 1)
-    user, password = coord.member_auth
-    async with CoordinatorClient(coord.url, username=user, password=password) as client:
+    user, password = second.member_auth
+    async with CoordinatorClient(second.url, username=user, password=password) as client:
         assert (await client.get_group("relogin", "g")).shard_count == 1
-        await asyncio.sleep(1.1)  # the token (whole seconds) has expired
+        # Rotate the shared secret: every token issued so far is now refused,
+        # and the client logs in again instead of failing.
+        async with redis_of(any_redis) as r:
+            assert await r.delete(token_secret_key(KEY_PREFIX)) == 1
+        await asyncio.to_thread(second.restart)
         with caplog.at_level(logging.WARNING, logger="streamkit.coordinator"):
             assert (await client.get_group("relogin", "g")).shard_count == 1
-        assert "logging in again" in caplog.text and "expired" in caplog.text
-    async with CoordinatorClient(coord.url, username=user, password="wrong") as client:
+        assert "logging in again" in caplog.text and "signature" in caplog.text
+    async with CoordinatorClient(second.url, username=user, password="wrong") as client:
         with pytest.raises(CoordinatorError) as refused:
             await client.get_group("relogin", "g")
         assert refused.value.status_code == 401
