@@ -117,9 +117,11 @@ class _CoordinatorAuth(httpx.Auth):
 def _error_text(response: httpx.Response) -> str:
     try:
         err = ErrorResponse.from_wire(response.content)
-        return f"{response.status_code} {err.error_code}: {err.message}"
+        text = f"{response.status_code} {err.error_code}: {err.message}"
     except ValueError:
-        return f"{response.status_code}: {response.text[:200]}"
+        text = f"{response.status_code}: {response.text[:200]}"
+    hint = _HINTS.get(response.status_code)
+    return f"{text} ({hint})" if hint else text
 
 
 class CoordinatorClient:
