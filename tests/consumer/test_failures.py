@@ -1,12 +1,13 @@
 """Handler failures against real Redis and a real coordinator: retries counted by
 Redis' delivery counter, dead letters, halted shards, unordered listeners, nack
-delays and "do not retry" errors."""
+delays and "do not retry" errors, a stop or a kill in the middle of a backoff."""
 
 from __future__ import annotations
 
 import itertools
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,7 +18,7 @@ from streamkit.failure import FailurePolicy, dead_letter_key
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .support import Admin, eventually, in_process_settings, serving
+from .support import Admin, all_acked, eventually, in_process_settings, serving
 
 
 class Poison(RuntimeError):
@@ -307,6 +308,74 @@ async def test_a_stop_during_backoff_leaves_the_entry_to_the_next_owner(
     assert [m for i, _, m in seen if i == after] == ["second-m0"]
     (letter,) = await dead_letters(redis, dlq)
     assert letter["x-attempts"] == "3"
+
+
+def calls(path: Path) -> list[tuple[str, str, int]]:
+    """(stream key/id, member, attempt) per handler call, in order."""
+    out: list[tuple[str, str, int]] = []
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        _, entry, member, attempt = line.split()
+        out.append((entry, member, int(attempt)))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
+async def test_owner_killed_mid_retry_next_owner_continues_the_count(
+    admin: Admin, redis: Any, names: tuple[str, str], app_process: Any
+) -> None:
+    prefix, group = names
+    await admin.create_group(prefix, group, 2)
+    key = f"{prefix}:0"
+    entries: dict[int, list[str]] = {0: [], 1: []}
+    for n in range(20):
+        for shard in (0, 1):
+            entry = await redis.xadd(f"{prefix}:{shard}", {"n": str(n)})
+            entries[shard].append(f"{prefix}:{shard}/{entry.decode()}")
+        if n == 5:
+            poison = f"{key}/{(await redis.xadd(key, {'poison': '1'})).decode()}"
+    # A retries after 100 ms, then waits 2 s: it is killed in that wait.
+    a = app_process("a", prefix, group, module="failing", max_attempts=4, backoff_ms=100,
+                    multiplier=20)  # fmt: skip
+
+    def attempts(path: Path) -> list[int]:
+        return [n for entry, _, n in calls(path) if entry == poison]
+
+    await eventually(lambda: attempts(a.record) == [1, 2], 20, "two attempts on app A")
+    a.kill()
+    b = app_process("b", prefix, group, module="failing", max_attempts=4, backoff_ms=50,
+                    multiplier=1)  # fmt: skip
+    dlq = dead_letter_key(prefix, group)
+
+    async def dead_lettered() -> bool:
+        return int(await redis.xlen(dlq)) == 1
+
+    await eventually(dead_lettered, 20, "the poison entry dead-lettered by B")
+    await eventually(lambda: all_acked(redis, prefix, group, 2), 10, "everything acked")
+    assert await b.terminate() == 0
+    # B continued the count: its claim was the third delivery.
+    assert attempts(b.record) == [3, 4]
+    ((_, fields),) = await redis.xrange(dlq)
+    assert fields[b"x-attempts"] == b"4" and fields[b"x-original-id"].decode() in poison
+    handled = calls(a.record) + calls(b.record)
+    for shard in (0, 1):
+        seen = [e for e, _, _ in handled if e in set(entries[shard])]
+        # Nothing lost; what A handled but could not ack came again (counted).
+        assert set(seen) == set(entries[shard])
+        duplicates = len(seen) - len(set(seen))
+        print(f"shard {shard}: {duplicates} duplicate deliveries after the kill")
+        # Per key (= per shard here) order, within each owner's deliveries.
+        for path in (a.record, b.record):
+            own = [e for e, _, _ in calls(path) if e in set(entries[shard])]
+            firsts = list(dict.fromkeys(own))
+            assert firsts == sorted(firsts, key=entries[shard].index)
+    # Ordered: B handled the entries behind the poison only after dead-lettering it.
+    b_calls = [e for e, _, _ in calls(b.record)]
+    after = set(entries[0][6:])
+    last_try = max(i for i, e in enumerate(b_calls) if e == poison)
+    assert all(i > last_try for i, e in enumerate(b_calls) if e in after)
 
 
 def _id(entry_id: str) -> tuple[int, int]:
