@@ -28,11 +28,11 @@ Design (SPEC §5):
 * A failed entry goes through the listener's ``FailurePolicy``
   (``streamkit.failure`` decides, this module does the Redis side).  Attempts
   are Redis' delivery counter: a retry is an ``XCLAIM`` to ourselves, which
-  adds one, and claimed entries get their count from ``XPENDING``, so the
-  count survives a handoff.  Ordered shards retry in place (later entries
-  wait); unordered shards park the entry id in a bounded per-shard schedule
-  and go on.  A backoff never delays a revoke: the entry stays pending for
-  the next owner.
+  adds exactly one, and entries claimed from a previous owner get their count
+  from ``XPENDING``, so the count survives a handoff.  Ordered shards retry in
+  place (later entries wait); unordered shards park the entry id in a bounded
+  per-shard schedule and go on (a due retry rides along with the next read).
+  A backoff never delays a revoke: the entry stays pending for the next owner.
 """
 
 from __future__ import annotations
@@ -246,10 +246,11 @@ class ShardSession:
         # Our own pending entries to fetch again, in stream order (skipped when
         # the lease lapsed mid-batch): XCLAIM to ourselves before reading new ones.
         self._redeliver: list[bytes] = []
-        # Unordered: failed entries waiting for their retry, (due ms, id).  Only
-        # ids are kept (the fields come back with the XCLAIM), at most
-        # max_in_flight of them: when full, no new entries are read.
-        self._retries: list[tuple[int, bytes]] = []
+        # Unordered: failed entries waiting for their retry, (due ms, id, the
+        # delivery count the XCLAIM will give it).  Only ids are kept (the
+        # fields come back with the XCLAIM), at most max_in_flight of them:
+        # when full, no new entries are read.
+        self._retries: list[tuple[int, bytes, int]] = []
         self._retry_cap = poller.options.max_in_flight
         #: The failure policy halted the shard: no reads until it is assigned again.
         self.halted = False
@@ -343,12 +344,10 @@ class ShardSession:
                 self._log_read_error(error, failures)
                 await self._interruptibly(anyio.sleep(_backoff_s(failures)))
 
-    async def _read_batch(
-        self, count: int
-    ) -> tuple[list[tuple[bytes, Any]], dict[bytes, int] | None]:
+    async def _read_batch(self, count: int) -> tuple[list[tuple[bytes, Any]], dict[bytes, int]]:
         """The next entries: claimed leftovers first, then redeliveries, then
-        due retries, then new ones.  Also their delivery counts (None: read
-        with ``>``, so 1)."""
+        due retries (topped up with new entries), then new ones.  Also the
+        delivery counts of the entries that were claimed (the others: 1)."""
         if self._claiming:
             entries, self._claiming = await self._claim(count)
             return entries, await self._delivery_counts(entries)
@@ -363,15 +362,26 @@ class ShardSession:
         due = self._take_due(count)
         if due:
             try:
-                entries = await self._xclaim(due)
+                entries = await self._xclaim([entry_id for entry_id, _ in due])
             except BaseException:
-                for entry_id in due:
-                    heapq.heappush(self._retries, (0, entry_id))
+                for entry_id, delivery in due:
+                    heapq.heappush(self._retries, (0, entry_id, delivery))
                 raise
-            return entries, await self._delivery_counts(entries)
+            # XCLAIM adds exactly one to the counter read at the last delivery.
+            known = dict(due)
+            counts = {entry_id: known[entry_id] for entry_id, _ in entries}
+            if count > len(entries):
+                # Fill the batch: a retry costs no read cycle of its own.
+                try:
+                    fresh = await self._read_new(count - len(entries), block=False)
+                except (RedisError, OSError):
+                    fresh = []  # the retries go ahead; the next read tries again
+                self._idle = not fresh
+                entries = entries + fresh
+            return entries, counts
         entries = await self._read_new(count, block=self._idle)
         self._idle = not entries
-        return entries, None
+        return entries, {}
 
     async def _interruptibly(self, awaitable: Awaitable[Any]) -> Any:
         """Await ``awaitable`` unless ``halt()`` comes first (then: None)."""
@@ -477,18 +487,19 @@ class ShardSession:
             replies = await pipe.execute()
         except (RedisError, OSError) as exc:
             log.warning("%s: no delivery counts for %s: %r", self.member_id, self.stream_key, exc)
-            return {}
+            return {entry_id: 2 for entry_id, _ in entries}
         counts: dict[bytes, int] = {}
         for (entry_id, _), reply in zip(entries, replies, strict=True):
-            if reply:
-                counts[entry_id] = int(reply[0]["times_delivered"])
+            # A claimed entry was delivered at least once before this claim.
+            counts[entry_id] = int(reply[0]["times_delivered"]) if reply else 2
         return counts
 
     # -- parked retries (unordered) ----------------------------------------------
 
     def _park(self, message: Message, delay_ms: int) -> None:
         # The next read's BLOCK is cut to the first due retry (_read_new).
-        heapq.heappush(self._retries, (monotonic_ms() + delay_ms, message.raw_id))
+        due = monotonic_ms() + delay_ms
+        heapq.heappush(self._retries, (due, message.raw_id, message.delivery_count + 1))
 
     def _until_due_ms(self) -> int:
         if not self._retries:
@@ -498,12 +509,14 @@ class ShardSession:
     def _due_now(self) -> bool:
         return bool(self._retries) and self._retries[0][0] <= monotonic_ms()
 
-    def _take_due(self, count: int) -> list[bytes]:
+    def _take_due(self, count: int) -> list[tuple[bytes, int]]:
+        """Up to ``count`` due retries, in stream order: (id, delivery count)."""
         now = monotonic_ms()
-        due: list[bytes] = []
+        due: list[tuple[bytes, int]] = []
         while self._retries and self._retries[0][0] <= now and len(due) < count:
-            due.append(heapq.heappop(self._retries)[1])
-        due.sort(key=_id_key)
+            _, entry_id, delivery = heapq.heappop(self._retries)
+            due.append((entry_id, delivery))
+        due.sort(key=lambda item: _id_key(item[0]))
         return due
 
     @contextlib.contextmanager
@@ -547,9 +560,7 @@ class ShardSession:
 
     # -- handling ----------------------------------------------------------------
 
-    async def _handle(
-        self, entries: list[tuple[bytes, Any]], counts: dict[bytes, int] | None
-    ) -> None:
+    async def _handle(self, entries: list[tuple[bytes, Any]], counts: dict[bytes, int]) -> None:
         shard = self.shard
         self.last_delivered_id = _later(self.last_delivered_id, entries[-1][0])
         messages = [
@@ -558,9 +569,8 @@ class ShardSession:
                 shard,
                 entry_id,
                 fields,
-                redelivered=counts is not None,
-                # A claimed entry was delivered at least once before this claim.
-                delivery_count=1 if counts is None else counts.get(entry_id, 2),
+                redelivered=entry_id in counts,
+                delivery_count=counts.get(entry_id, 1),
             )
             for entry_id, fields in entries
         ]
@@ -637,7 +647,7 @@ class ShardSession:
             except (RedisError, OSError) as exc:
                 log.warning("%s: retry of %s failed: %r", self.member_id, self.stream_key, exc)
                 return left
-            counts = await self._delivery_counts(entries)
+            # XCLAIM adds exactly one to the counter read at the last delivery.
             before = {m.raw_id: m.delivery_count for m in retry}
             chunk = [
                 Message(
@@ -646,7 +656,7 @@ class ShardSession:
                     entry_id,
                     fields,
                     redelivered=True,
-                    delivery_count=counts.get(entry_id, before.get(entry_id, 1) + 1),
+                    delivery_count=before[entry_id] + 1,
                 )
                 for entry_id, fields in entries
             ]
