@@ -243,6 +243,9 @@ class ShardSession:
         self.pending_count = 0
         self._acks: list[bytes] = []
         self._ack_dels: list[bytes] = []
+        # Standalone Redis: dead letters (fields, entry id) written in the same
+        # MULTI as the batch's XACK (_flush), so they cost no round trip of their own.
+        self._dead_letters: list[tuple[dict[Any, Any], bytes]] = []
         # Our own pending entries to fetch again, in stream order (skipped when
         # the lease lapsed mid-batch): XCLAIM to ourselves before reading new ones.
         self._redeliver: list[bytes] = []
@@ -271,6 +274,7 @@ class ShardSession:
         self.aborted = True
         self._acks.clear()
         self._ack_dels.clear()
+        self._dead_letters.clear()
         self.halt()
 
     def settle(self, message_id: bytes, how: Settlement) -> None:
@@ -362,7 +366,7 @@ class ShardSession:
         due = self._take_due(count)
         if due:
             try:
-                entries = await self._xclaim([entry_id for entry_id, _ in due])
+                entries, fresh = await self._retry_and_read(due, count - len(due))
             except BaseException:
                 for entry_id, delivery in due:
                     heapq.heappush(self._retries, (0, entry_id, delivery))
@@ -370,15 +374,8 @@ class ShardSession:
             # XCLAIM adds exactly one to the counter read at the last delivery.
             known = dict(due)
             counts = {entry_id: known[entry_id] for entry_id, _ in entries}
-            if count > len(entries):
-                # Fill the batch: a retry costs no read cycle of its own.
-                try:
-                    fresh = await self._read_new(count - len(entries), block=False)
-                except (RedisError, OSError):
-                    fresh = []  # the retries go ahead; the next read tries again
-                self._idle = not fresh
-                entries = entries + fresh
-            return entries, counts
+            self._idle = not fresh
+            return entries + fresh, counts
         entries = await self._read_new(count, block=self._idle)
         self._idle = not entries
         return entries, {}
@@ -470,6 +467,24 @@ class ShardSession:
             entries: list[tuple[bytes, Any]] = [e for e in reply if e[1] is not None]
             tally.count = len(entries)
         return entries
+
+    async def _retry_and_read(
+        self, due: list[tuple[bytes, int]], more: int
+    ) -> tuple[list[tuple[bytes, Any]], list[tuple[bytes, Any]]]:
+        """XCLAIM the due retries and read up to ``more`` new entries, in one
+        round trip (one key, so one node in a cluster too)."""
+        poller = self._poller
+        pipe = poller.redis.pipeline(transaction=False)
+        pipe.xclaim(self.stream_key, self.consumer_group, self.member_id, 0, [i for i, _ in due])
+        if more > 0:
+            pipe.xreadgroup(self.consumer_group, self.member_id, {self.stream_key: ">"}, count=more)
+        with self._observed_read() as tally:
+            replies = await pipe.execute()
+            claimed: list[tuple[bytes, Any]] = [e for e in replies[0] if e[1] is not None]
+            fresh = _entries_of(replies[1]) if more > 0 else []
+            tally.count = len(claimed) + len(fresh)
+        self.pending_count += len(fresh)
+        return claimed, fresh
 
     async def _delivery_counts(self, entries: list[tuple[bytes, Any]]) -> dict[bytes, int]:
         """Redis' delivery counter of claimed entries (``XPENDING`` per id, one round trip).
@@ -708,11 +723,11 @@ class ShardSession:
     async def _dead_letter(self, message: Message, decision: Decision) -> bool:
         """Write the entry to the dead-letter stream, then ack it; False if Redis failed.
 
-        Standalone Redis: ``XADD`` and ``XACK`` in one ``MULTI``.  In a cluster
-        the two keys usually live in different slots, so the ``XADD`` goes
-        first and the ``XACK`` joins the batch's acks: a crash in between
-        leaves the entry pending and it is dead-lettered again (a duplicate
-        dead letter, never a lost entry).
+        Standalone Redis: the ``XADD`` goes out with the batch's ``XACK``, in
+        one ``MULTI`` (``_flush``).  In a cluster the two keys usually live in
+        different slots, so the ``XADD`` goes first and the ``XACK`` joins the
+        batch's acks: a crash in between leaves the entry pending and it is
+        dead-lettered again (a duplicate dead letter, never a lost entry).
         """
         if self.aborted:
             return True  # lost: another member may own the shard now
@@ -734,12 +749,7 @@ class ShardSession:
                 )
                 self._acks.append(message.raw_id)
             else:
-                pipe = poller.redis.pipeline(transaction=True)
-                pipe.xadd(key, fields, maxlen=policy.dead_letter_maxlen, approximate=True)
-                pipe.xack(self.stream_key, self.consumer_group, message.raw_id)
-                await pipe.execute()
-                self.pending_count = max(0, self.pending_count - 1)
-                self.last_acked_id = _later(self.last_acked_id, message.raw_id)
+                self._dead_letters.append((fields, message.raw_id))
         except (RedisError, OSError) as exc:
             log.warning(
                 "%s: could not dead-letter %s entry %s to %s (%r); it stays pending",
@@ -752,7 +762,7 @@ class ShardSession:
             return False
         poller.dead_lettered += 1
         log.error(
-            "%s: dead-lettered %s entry %s to %s after %d attempt(s): %s",
+            "%s: dead-lettering %s entry %s to %s after %d attempt(s): %s",
             self.member_id,
             self.stream_key,
             message.id,
@@ -763,15 +773,19 @@ class ShardSession:
         return True
 
     async def _flush(self, *, final: bool = False) -> None:
-        acks, dels = self._acks, self._ack_dels
-        if not acks and not dels:
+        acks, dels, letters = self._acks, self._ack_dels, self._dead_letters
+        if not acks and not dels and not letters:
             return
-        self._acks, self._ack_dels = [], []
+        self._acks, self._ack_dels, self._dead_letters = [], [], []
         redis = self._poller.redis
         attempts = 3 if final else 1
         for attempt in range(1, attempts + 1):
             try:
-                if not dels:
+                if letters:
+                    # Standalone only: dead letters and acks in one MULTI, so
+                    # an entry is never acked without its dead letter.
+                    await self._dead_letter_and_ack(acks, dels, letters).execute()
+                elif not dels:
                     await redis.xack(self.stream_key, self.consumer_group, *acks)
                 elif self._poller.xackdel:
                     pipe = redis.pipeline(transaction=False)
@@ -807,13 +821,37 @@ class ShardSession:
                     )
                     self._acks[:0] = acks
                     self._ack_dels[:0] = dels
+                    self._dead_letters[:0] = letters
                 return
             break
+        acks = acks + [entry_id for _, entry_id in letters]
         self.pending_count = max(0, self.pending_count - len(acks) - len(dels))
         if acks:
-            self.last_acked_id = _later(self.last_acked_id, acks[-1])
+            self.last_acked_id = _later(self.last_acked_id, max(acks, key=_id_key))
         if dels:
             self.last_acked_id = _later(self.last_acked_id, dels[-1])
+
+    def _dead_letter_and_ack(
+        self, acks: list[bytes], dels: list[bytes], letters: list[tuple[dict[Any, Any], bytes]]
+    ) -> Any:
+        """A MULTI pipeline: the dead letters' XADDs, then every XACK (and XDEL)."""
+        poller = self._poller
+        policy = poller.options.policy
+        pipe = poller.redis.pipeline(transaction=True)
+        for fields, _ in letters:
+            pipe.xadd(
+                poller.dead_letter_key, fields, maxlen=policy.dead_letter_maxlen, approximate=True
+            )
+        pipe.xack(self.stream_key, self.consumer_group, *acks, *[i for _, i in letters])
+        if dels:
+            if poller.xackdel:
+                pipe.execute_command(
+                    "XACKDEL", self.stream_key, self.consumer_group, "IDS", len(dels), *dels
+                )
+            else:
+                pipe.xack(self.stream_key, self.consumer_group, *dels)
+                pipe.xdel(self.stream_key, *dels)
+        return pipe
 
     def progress(self) -> ShardConsumptionProgress:
         return ShardConsumptionProgress(
@@ -947,6 +985,7 @@ class ShardPoller:
         """Lost: stop reading and acking at once; do not wait for handlers."""
         for shard in shards:
             session = self._sessions.pop(shard, None)
+            self.halted.pop(shard, None)
             if session is not None:
                 session.abort()
 
