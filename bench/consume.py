@@ -159,6 +159,8 @@ async def streamkit_run(
         await msg.ack()
 
     members = {f"bench-{tag}-m{i}" for i in range(concurrency)}
+    # Counted before the clock can start: scanning the streams is no free lunch.
+    poison = await count_failing(redis, prefix, shards, failing) if modulus else 0
     async with anyio.create_task_group() as tg:
         tg.start_soon(app.serve)
         while True:  # joined and balanced
@@ -172,9 +174,8 @@ async def streamkit_run(
         # SETID does not wake readers blocked in XREADGROUP; one new entry per
         # shard does (and is counted).
         for shard in range(shards):
-            await redis.xadd(f"{prefix}:{shard}", {"payload": PAYLOAD})
+            poison += failing(await redis.xadd(f"{prefix}:{shard}", {"payload": PAYLOAD}))
         total = sum([await redis.xlen(f"{prefix}:{shard}") for shard in range(shards)])
-        poison = await count_failing(redis, prefix, shards, failing) if modulus else 0
         expected = total - poison
         with anyio.fail_after(300):
             await done.wait()
