@@ -115,7 +115,8 @@ def adapt_single(handler: Callable[..., Any], shape: HandlerShape, payload_field
     call = _caller(handler)
     model = shape.model
     if model is None:
-        return lambda message: call(message)
+        single: Handler = call  # no wrapper on the hot path
+        return single
 
     async def typed(message: Message) -> None:
         value = decode_payload(message, model, payload_field)

@@ -601,7 +601,8 @@ class ShardSession:
     async def _handle_ordered(self, messages: list[Message]) -> None:
         """One entry (or one batch) at a time; a failed one is retried in place
         before anything after it starts."""
-        step = len(messages) if self._poller.options.batch else 1
+        poller = self._poller
+        step = len(messages) if poller.options.batch else 1
         for index in range(0, len(messages), step):
             # Start nothing once the shard may not be read: the rest stays
             # pending, for whoever owns the shard next or, if only the lease
@@ -611,7 +612,16 @@ class ShardSession:
                     self._redeliver.extend(m.raw_id for m in messages[index:])
                 return
             chunk = messages[index : index + step]
-            left = await self._run_in_place(chunk)
+            decisions: list[Decision | None]
+            if step == 1:
+                decision = await poller.invoke(chunk[0])
+                if decision is None:  # the common case, kept short
+                    self.in_flight -= 1
+                    continue
+                decisions = [decision]
+            else:
+                decisions = await poller.invoke_batch(chunk)
+            left = await self._run_in_place(chunk, decisions)
             if left:
                 if not self.stopping and not self.halted:
                     self._redeliver.extend(left)
@@ -619,8 +629,10 @@ class ShardSession:
                 return
             self.in_flight -= len(chunk)
 
-    async def _run_in_place(self, chunk: list[Message]) -> list[bytes]:
-        """Handle ``chunk`` until done, retrying failures in place.
+    async def _run_in_place(
+        self, chunk: list[Message], decisions: list[Decision | None]
+    ) -> list[bytes]:
+        """Finish ``chunk`` (handled once, with these outcomes), retrying failures in place.
 
         Returns the ids (in stream order) of the entries it had to leave
         pending: the shard was halted or stopped, the lease lapsed during a
@@ -628,7 +640,6 @@ class ShardSession:
         """
         poller = self._poller
         while True:
-            decisions = await poller.invoke_all(chunk)
             retry: list[Message] = []
             delay_ms = 0
             stuck = False
@@ -677,6 +688,7 @@ class ShardSession:
             ]
             if not chunk:
                 return []  # gone meanwhile (acked elsewhere, deleted, trimmed)
+            decisions = await poller.invoke_all(chunk)
 
     async def _handle_unordered(self, messages: list[Message]) -> None:
         """Everything at once; a failed entry is parked, the others go on."""
@@ -1016,7 +1028,12 @@ class ShardPoller:
             await self._handler(message)
         except Exception as exc:
             return self._failed(message, exc)
-        return self._returned(message)
+        settled = message.settled
+        if settled is None:
+            if self.options.auto_ack:
+                message.ack()
+            return None
+        return self._failed(message, None) if settled is Settlement.NACK else None
 
     async def invoke_batch(self, messages: list[Message]) -> list[Decision | None]:
         """Run the batch handler; per message, None when done, else the policy's decision.
