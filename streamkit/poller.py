@@ -602,7 +602,8 @@ class ShardSession:
         """One entry (or one batch) at a time; a failed one is retried in place
         before anything after it starts."""
         poller = self._poller
-        step = len(messages) if poller.options.batch else 1
+        batch = poller.options.batch
+        step = len(messages) if batch else 1
         for index in range(0, len(messages), step):
             # Start nothing once the shard may not be read: the rest stays
             # pending, for whoever owns the shard next or, if only the lease
@@ -611,16 +612,16 @@ class ShardSession:
                 if not self.stopping:
                     self._redeliver.extend(m.raw_id for m in messages[index:])
                 return
-            chunk = messages[index : index + step]
             decisions: list[Decision | None]
-            if step == 1:
-                decision = await poller.invoke(chunk[0])
+            if batch:
+                chunk = messages
+                decisions = await poller.invoke_batch(chunk)
+            else:
+                decision = await poller.invoke(messages[index])
                 if decision is None:  # the common case, kept short
                     self.in_flight -= 1
                     continue
-                decisions = [decision]
-            else:
-                decisions = await poller.invoke_batch(chunk)
+                chunk, decisions = [messages[index]], [decision]
             left = await self._run_in_place(chunk, decisions)
             if left:
                 if not self.stopping and not self.halted:
