@@ -18,7 +18,15 @@ from streamkit.failure import FailurePolicy, dead_letter_key
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .support import Admin, all_acked, eventually, in_process_settings, serving
+from .support import (
+    Admin,
+    all_acked,
+    dead_letters,
+    eventually,
+    in_process_settings,
+    serving,
+    text,
+)
 
 
 class Poison(RuntimeError):
@@ -41,14 +49,6 @@ class Call:
 async def publish(redis: Any, prefix: str, shard: int, key: str, **extra: str) -> str:
     entry: bytes = await redis.xadd(f"{prefix}:{shard}", {"key": key, **extra})
     return entry.decode()
-
-
-def text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-async def dead_letters(redis: Any, key: str) -> list[dict[str, str]]:
-    return [{text(k): text(v) for k, v in fields.items()} for _, fields in await redis.xrange(key)]
 
 
 async def pending(redis: Any, key: str, group: str) -> int:

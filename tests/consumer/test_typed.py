@@ -18,7 +18,7 @@ from streamkit.failure import FailurePolicy, dead_letter_key
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .support import Admin, eventually, in_process_settings, serving
+from .support import Admin, dead_letters, eventually, in_process_settings, serving, text
 
 pytestmark = pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 
@@ -41,16 +41,8 @@ async def on_order(order: Order, msg: Message, currency: str = Provide[Services.
     await msg.ack()
 
 
-def text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 async def letters(redis: Any, key: str) -> dict[str, dict[str, str]]:
-    out = {}
-    for _, fields in await redis.xrange(key):
-        decoded = {text(k): text(v) for k, v in fields.items()}
-        out[decoded["x-original-id"]] = decoded
-    return out
+    return {letter["x-original-id"]: letter for letter in await dead_letters(redis, key)}
 
 
 async def test_typed_handler_with_di_and_an_invalid_payload(
