@@ -29,9 +29,8 @@ from dependency_injector import containers, providers
 from dependency_injector.wiring import Provide, inject
 from pydantic import BaseModel, Field
 
-from streamkit import Message, Publisher, StreamKit
+from streamkit import FailurePolicy, Message, Publisher, StreamKit
 from streamkit.connections import AsyncRedis
-from streamkit.failure import FailurePolicy
 
 ORDERS = "orders"
 BILLING = "billing"
