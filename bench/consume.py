@@ -17,14 +17,25 @@ The streamkit clock starts at the first handler call, after the members have
 joined and settled: the group is parked at the end of the streams (``XGROUP
 SETID $``) while they join, then moved back to the start (``SETID 0``), so
 join and rebalance time is not counted, only steady-state consumption.
+
+Failure runs (``--failing-percent``, default 1): the same app where the
+handler raises for about that share of the entries (chosen by a hash of the
+entry id, so every retry of one fails too), with a failure policy of 3
+attempts and a 50 ms backoff, after which the entry is dead-lettered. The
+figure is the throughput of the *healthy* entries (the clock stops when the
+last healthy one is handled) next to an all-healthy run of the same listener,
+unordered and ordered. An ordered shard waits while its failing entry is
+retried, so only the unordered figure can stay close to the healthy run.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import time
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +43,7 @@ import anyio
 import httpx
 
 from streamkit import Message, StreamKit
+from streamkit.failure import FailurePolicy, dead_letter_key
 from streamkit.testing import RedisServer, RedisTarget, redis_client
 from streamkit.testing.coordinator import CoordinatorProcess
 
@@ -100,7 +112,11 @@ async def streamkit_run(
     batch: int,
     concurrency: int,
     tag: str,
+    *,
+    ordered: bool = True,
+    failing_percent: float = 0.0,
 ) -> float:
+    """Messages per second; with failures, of the healthy entries only."""
     group = f"sk{tag}"
     await create_group(coordinator, prefix, group, shards)
     for shard in range(shards):  # park the group at the end while members join
@@ -118,20 +134,33 @@ async def streamkit_run(
     first = 0.0
     expected = 0  # set once the streams are final
     done = anyio.Event()
+    modulus = round(100 / failing_percent) if failing_percent else 0
+
+    def failing(entry_id: bytes) -> bool:
+        return bool(modulus) and zlib.crc32(entry_id) % modulus == 0
 
     @app.stream_listener(
-        stream_prefix=prefix, group=group, concurrency=concurrency, batch_size=batch
+        stream_prefix=prefix,
+        group=group,
+        concurrency=concurrency,
+        batch_size=batch,
+        ordered=ordered,
+        failure_policy=FailurePolicy(max_attempts=3, backoff_initial_ms=50),
     )
     async def handle(msg: Message) -> None:
         nonlocal handled, first
         if not handled:
             first = time.perf_counter()
+        if failing(msg.raw_id):
+            raise RuntimeError("failing on purpose")
         handled += 1
         if handled == expected:
             done.set()
         await msg.ack()
 
     members = {f"bench-{tag}-m{i}" for i in range(concurrency)}
+    # Counted before the clock can start: scanning the streams is no free lunch.
+    poison = await count_failing(redis, prefix, shards, failing) if modulus else 0
     async with anyio.create_task_group() as tg:
         tg.start_soon(app.serve)
         while True:  # joined and balanced
@@ -145,11 +174,16 @@ async def streamkit_run(
         # SETID does not wake readers blocked in XREADGROUP; one new entry per
         # shard does (and is counted).
         for shard in range(shards):
-            await redis.xadd(f"{prefix}:{shard}", {"payload": PAYLOAD})
-        expected = sum([await redis.xlen(f"{prefix}:{shard}") for shard in range(shards)])
+            poison += failing(await redis.xadd(f"{prefix}:{shard}", {"payload": PAYLOAD}))
+        total = sum([await redis.xlen(f"{prefix}:{shard}") for shard in range(shards)])
+        expected = total - poison
         with anyio.fail_after(300):
             await done.wait()
         elapsed = time.perf_counter() - first
+        dlq = dead_letter_key(prefix, group)
+        with anyio.fail_after(60):  # the failing ones end up dead-lettered
+            while poison and await redis.xlen(dlq) < poison:  # noqa: ASYNC110 - Redis state
+                await anyio.sleep(0.05)
         app.shutdown()
     pending = 0
     for shard in range(shards):
@@ -162,6 +196,47 @@ async def streamkit_run(
             details += await redis.xpending_range(f"{prefix}:{shard}", group, "-", "+", 10)
         raise RuntimeError(f"{pending} entries left pending: {details} handled={handled}")
     return expected / elapsed
+
+
+async def count_failing(redis: Any, prefix: str, shards: int, failing: Any) -> int:
+    count = 0
+    for shard in range(shards):
+        cursor = "-"
+        while True:
+            entries = await redis.xrange(f"{prefix}:{shard}", cursor, "+", count=10_000)
+            count += sum(1 for entry_id, _ in entries if failing(entry_id))
+            if len(entries) < 10_000:
+                break
+            cursor = "(" + entries[-1][0].decode()
+    return count
+
+
+async def failure_runs(
+    args: argparse.Namespace,
+    coordinator: CoordinatorProcess,
+    target: RedisTarget,
+    redis: Any,
+    prefix: str,
+) -> None:
+    concurrency = max(args.concurrency)
+    print(f"\nhandler failures: {args.failing_percent}% failing, concurrency={concurrency}")
+    print(f"{'run':<40}{'healthy msg/s':>14}{'vs healthy':>12}")
+    for ordered in (False, True):
+        mode = "ordered" if ordered else "unordered"
+        ratios = []
+        for attempt in range(args.repeat):
+            tag = f"{mode[0]}{attempt}"
+            run = (coordinator, target, redis, prefix, args.shards, args.batch, concurrency)
+            healthy = await streamkit_run(*run, f"h{tag}", ordered=ordered)
+            mixed = await streamkit_run(
+                *run, f"f{tag}", ordered=ordered, failing_percent=args.failing_percent
+            )
+            ratios.append(mixed / healthy)
+            print(f"{f'{mode}, all healthy':<40}{healthy:>14,.0f}")
+            print(f"{f'{mode}, {args.failing_percent}% failing':<40}{mixed:>14,.0f}"
+                  f"{mixed / healthy:>12.0%}")  # fmt: skip
+        if args.repeat > 1:
+            print(f"median healthy-throughput ratio, {mode}: {statistics.median(ratios):.0%}")
 
 
 async def bench(args: argparse.Namespace, url: str, coordinator: CoordinatorProcess) -> None:
@@ -192,6 +267,8 @@ async def bench(args: argparse.Namespace, url: str, coordinator: CoordinatorProc
             print(
                 f"median streamkit/raw, concurrency={concurrency}: {statistics.median(values):.0%}"
             )
+    if args.failing_percent:
+        await failure_runs(args, coordinator, target, redis, prefix)
     await redis.aclose()
 
 
@@ -202,7 +279,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--failing-percent",
+        type=float,
+        default=1.0,
+        help="share of entries whose handler fails, for the failure runs (0: skip them)",
+    )
     args = parser.parse_args(argv)
+    # One warning (with traceback) per failed attempt would flood the output.
+    logging.getLogger("streamkit.poller").setLevel(logging.CRITICAL)
     with (
         RedisServer() as server,
         CoordinatorProcess(

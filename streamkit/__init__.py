@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from streamkit.consumer import GroupNotFoundError, MemberRejectedError
     from streamkit.coordinator_client import CoordinatorError, CoordinatorUnavailable
     from streamkit.errors import StreamkitError
+    from streamkit.failure import FailurePolicy, PayloadError
     from streamkit.lifecycle import ShardContext, ShardLifecycle
     from streamkit.listener import ListenerConfigError
     from streamkit.message import Message
@@ -37,10 +38,12 @@ if TYPE_CHECKING:
 __all__ = [
     "CoordinatorError",
     "CoordinatorUnavailable",
+    "FailurePolicy",
     "GroupNotFoundError",
     "ListenerConfigError",
     "MemberRejectedError",
     "Message",
+    "PayloadError",
     "PublishError",
     "PublishResult",
     "Publisher",
@@ -59,6 +62,8 @@ _EXPORTS: dict[str, str] = {
     "CoordinatorError": "streamkit.coordinator_client",
     "CoordinatorUnavailable": "streamkit.coordinator_client",
     "StreamkitError": "streamkit.errors",
+    "FailurePolicy": "streamkit.failure",
+    "PayloadError": "streamkit.failure",
     "ShardContext": "streamkit.lifecycle",
     "ShardLifecycle": "streamkit.lifecycle",
     "ListenerConfigError": "streamkit.listener",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -21,6 +22,7 @@ from streamkit.connections import AsyncRedis, connect_redis, redacted_url
 from streamkit.consumer import GroupNotFoundError, MemberRuntime
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
 from streamkit.errors import StreamkitError
+from streamkit.failure import FailurePolicy
 from streamkit.group_hints import existing_groups_hint
 from streamkit.lifecycle import ShardLifecycle
 from streamkit.listener import (
@@ -31,8 +33,12 @@ from streamkit.listener import (
     MessageHandler,
 )
 from streamkit.member import MemberStateMachine, new_incarnation
-from streamkit.poller import Handler, ReadObserver, ShardPoller, supports_xackdel
-from streamkit.producer import CoordinatorUnreachableError, Publisher, ShardStreamsMissing
+from streamkit.poller import ReadObserver, ShardPoller, supports_xackdel
+from streamkit.producer import (
+    CoordinatorUnreachableError,
+    Publisher,
+    ShardStreamsMissing,
+)
 from streamkit.redis_health import describe_error
 from streamkit.settings import StreamKitSettings
 
@@ -114,10 +120,13 @@ class StreamKit:
         batch_size: int = DEFAULT_BATCH_SIZE,
         max_in_flight: int | None = None,
         block_ms: int = DEFAULT_BLOCK_MS,
-        auto_ack: bool = False,
+        auto_ack: bool | None = None,
         ordered: bool = True,
         claim_pending: bool = True,
         lifecycle: ShardLifecycle | None = None,
+        batch: bool | None = None,
+        failure_policy: FailurePolicy | None = None,
+        payload_field: str = "payload",
     ) -> Callable[[F], F]:
         """Register ``handler(msg)`` for every entry of the group's shards.
 
@@ -125,8 +134,14 @@ class StreamKit:
         each reads up to ``batch_size`` entries per ``XREADGROUP`` and holds at
         most ``max_in_flight`` (default ``4 * batch_size``) unfinished entries.
         ``ordered`` handles a shard's entries one at a time in stream order;
-        ``auto_ack`` acks after the handler returns; ``lifecycle`` adds shard
-        hooks next to the built-in poller.  Returns the handler unchanged.
+        ``auto_ack`` acks after the handler returns (default: only for handlers
+        that do not receive their messages, and batch handlers);
+        ``lifecycle`` adds shard hooks next to the built-in poller.  A handler
+        typed ``(order: Order)`` gets the JSON ``payload_field`` decoded into
+        the pydantic model; ``batch`` (or a ``list[...]`` annotation) hands it
+        up to ``batch_size`` entries at a time.  ``failure_policy`` (default:
+        from the settings) says how failures are retried and dead-lettered.
+        Returns the handler unchanged.
         """
 
         def register(handler: F) -> F:
@@ -143,6 +158,9 @@ class StreamKit:
                     ordered=ordered,
                     auto_ack=auto_ack,
                     claim_pending=claim_pending,
+                    batch=batch,
+                    failure_policy=failure_policy,
+                    payload_field=payload_field,
                 )
             )
             return handler
@@ -157,6 +175,8 @@ class StreamKit:
             batch_size=batch_size,
             max_in_flight=max_in_flight,
             block_ms=block_ms,
+            failure_policy=failure_policy,
+            payload_field=payload_field,
         )
         return register
 
@@ -394,11 +414,10 @@ class StreamKit:
                     f"{listener.options.block_ms} must be below STREAMKIT_REDIS_SOCKET_TIMEOUT "
                     f"({settings.redis_socket_timeout:g} s)"
                 )
-            handler = listener.async_handler()
             factory = (
                 None
-                if handler is None
-                else functools.partial(self._make_poller, listener, handler, xackdel)
+                if listener.handler is None
+                else functools.partial(self._make_poller, listener, xackdel)
             )
             for member_id in listener.member_ids(base):
                 members.append(
@@ -423,15 +442,17 @@ class StreamKit:
         return members
 
     def _make_poller(
-        self, listener: Listener, handler: Handler, xackdel: bool, machine: MemberStateMachine
+        self, listener: Listener, xackdel: bool, machine: MemberStateMachine
     ) -> ShardPoller:
+        policy = listener.failure_policy or FailurePolicy.from_settings(self.settings)
         return ShardPoller(
             machine,
             self.redis,
             stream_prefix=listener.stream_prefix,
             consumer_group=listener.consumer_group,
-            handler=handler,
-            options=listener.options,
+            handler=listener.async_handler(),
+            batch_handler=listener.batch_handler(),
+            options=dataclasses.replace(listener.options, policy=policy),
             xackdel=xackdel,
             observer=self.read_observer,
         )

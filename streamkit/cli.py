@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, NoReturn, TypeVar
 
 import anyio
 import anyio.abc
 import typer
+from redis.exceptions import RedisError
 from rich.console import Console
 
 from streamkit.app import StreamKit
+from streamkit.connections import AsyncRedis, connect_redis
 from streamkit.consumer import GroupNotFoundError
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
 from streamkit.errors import StreamkitError
@@ -27,6 +31,7 @@ from streamkit.version import package_version
 __all__ = ["cli", "load_app", "main"]
 
 log = logging.getLogger("streamkit.cli")
+T = TypeVar("T")
 
 cli = typer.Typer(
     name="streamkit",
@@ -303,6 +308,140 @@ def demo(
         rate=rate,
     )
     raise typer.Exit(run_demo(options))
+
+
+dlq = typer.Typer(
+    name="dlq",
+    help="List and replay a consumer group's dead-letter stream.",
+    no_args_is_help=True,
+)
+cli.add_typer(dlq)
+
+_PrefixArg = Annotated[str, typer.Argument(help="The stream prefix, e.g. 'orders'.")]
+_GroupArg = Annotated[str, typer.Argument(help="The consumer group whose dead letters these are.")]
+_StreamOpt = Annotated[
+    str | None,
+    typer.Option("--stream", help="The dead-letter stream key (default: PREFIX:dlq:GROUP)."),
+]
+_CountOpt = Annotated[int, typer.Option(min=1, help="At most this many, oldest first.")]
+_IdsOpt = Annotated[
+    list[str] | None, typer.Option("--id", help="Only this dead letter (repeatable).")
+]
+
+
+@dlq.command("list")
+def dlq_list(
+    stream_prefix: _PrefixArg,
+    group: _GroupArg,
+    stream: _StreamOpt = None,
+    count: _CountOpt = 100,
+    ids: _IdsOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+) -> None:
+    """Show dead letters: where they came from, attempts, error, fields."""
+    import json
+
+    from streamkit.dead_letter import read_dead_letters
+    from streamkit.failure import dead_letter_key
+
+    key = stream or dead_letter_key(stream_prefix, group)
+
+    async def work() -> None:
+        async with _redis() as redis:
+            letters = await read_dead_letters(redis, key, count=count, ids=ids or ())
+        for letter in letters:
+            data = letter.as_json()
+            if as_json:
+                typer.echo(json.dumps(data, ensure_ascii=False))
+            else:
+                typer.echo(
+                    f"{data['id']}  {data['originalStream']}/{data['originalId']}  "
+                    f"attempts={data['attempts']}  {data['error']}"
+                )
+        if not letters and not as_json:
+            typer.echo(f"no dead letters in {key}", err=True)
+
+    _run_command(work)
+
+
+@dlq.command("replay")
+def dlq_replay(
+    stream_prefix: _PrefixArg,
+    group: _GroupArg,
+    stream: _StreamOpt = None,
+    count: _CountOpt = 100,
+    ids: _IdsOpt = None,
+    key_field: Annotated[
+        str | None, typer.Option(help="Entry field holding the partition key: route by it.")
+    ] = None,
+    payload_key: Annotated[
+        str | None,
+        typer.Option(help="Key of the JSON 'payload' field holding the partition key."),
+    ] = None,
+    keep: Annotated[bool, typer.Option(help="Keep the dead letters after replaying.")] = False,
+) -> None:
+    """Publish dead letters again (original fields only), then delete them.
+
+    With --key-field or --payload-key the partition key is routed with the
+    current routing (through the coordinator); without, each goes back to its
+    original shard stream.  Every group reading the stream sees the replay.
+    """
+    from streamkit.dead_letter import read_dead_letters, replay
+    from streamkit.failure import dead_letter_key
+    from streamkit.producer import Publisher
+    from streamkit.settings import StreamKitSettings
+
+    if key_field and payload_key:
+        _fail("give --key-field or --payload-key, not both", EXIT_BAD_TARGET)
+    key = stream or dead_letter_key(stream_prefix, group)
+
+    async def work() -> int:
+        async with _redis() as redis:
+            letters = await read_dead_letters(redis, key, count=count, ids=ids or ())
+            if key_field or payload_key:
+                async with Publisher(
+                    stream_prefix, group, settings=StreamKitSettings(), redis=redis
+                ) as publisher:
+                    outcomes = await replay(
+                        redis,
+                        key,
+                        letters,
+                        publish=publisher.publish,
+                        key_field=key_field,
+                        payload_key=payload_key,
+                        delete=not keep,
+                    )
+            else:
+                outcomes = await replay(redis, key, letters, delete=not keep)
+        failed = 0
+        for outcome in outcomes:
+            if outcome.to is None:
+                failed += 1
+                typer.echo(f"{outcome.letter.id}  not replayed: {outcome.error}", err=True)
+            else:
+                typer.echo(f"{outcome.letter.id}  -> {outcome.to}")
+        return 1 if failed else 0
+
+    raise typer.Exit(_run_command(work))
+
+
+@contextlib.asynccontextmanager
+async def _redis() -> AsyncIterator[AsyncRedis]:
+    from streamkit.settings import StreamKitSettings
+
+    settings = StreamKitSettings()
+    redis = connect_redis(settings.redis_url, cluster=settings.redis_cluster)
+    try:
+        yield redis
+    finally:
+        await redis.aclose()
+
+
+def _run_command(work: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return anyio.run(work)
+    except (RedisError, OSError, StreamkitError) as exc:
+        _fail(str(exc) or repr(exc), 1)
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ happen in front of you; then drains, prints a summary and cleans up.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -245,6 +246,10 @@ async def _run_timeline(
         tg.cancel_scope.cancel()
 
 
+def _order_json(order_id: str, amount: str) -> str:
+    return json.dumps({"order_id": order_id, "amount": amount}, separators=(",", ":"))
+
+
 async def _publish(publisher: Publisher, options: DemoOptions, state: _State, until: float) -> None:
     sequence = 0
     tick = 0.05
@@ -253,7 +258,8 @@ async def _publish(publisher: Publisher, options: DemoOptions, state: _State, un
         batch = [
             (
                 f"order-{sequence + i}",
-                {"orderId": f"order-{sequence + i}", "amount": f"{(sequence + i) % 97}.00"},
+                # The JSON payload the sample's typed handler decodes (its Order model).
+                {"payload": _order_json(f"order-{sequence + i}", f"{(sequence + i) % 97}.00")},
             )
             for i in range(per_tick)
         ]

@@ -6,24 +6,30 @@ time with a clear message instead of at the first heartbeat.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-import anyio.to_thread
-
 from streamkit.errors import StreamkitError
+from streamkit.failure import FailurePolicy
+from streamkit.handlers import (
+    BatchHandler,
+    Handler,
+    HandlerShape,
+    HandlerSignatureError,
+    adapt_batch,
+    adapt_single,
+    inspect_handler,
+)
 from streamkit.lifecycle import ShardLifecycle
-from streamkit.message import Message
-from streamkit.poller import Handler, PollerOptions
+from streamkit.poller import PollerOptions
 
 __all__ = ["Listener", "ListenerConfigError", "MessageHandler"]
 
-#: A handler: ``async def f(msg)`` or a plain ``def f(msg)`` (run in a worker thread).
-MessageHandler = Callable[[Message], Any]
+#: A handler: ``async def f(msg)`` or a plain ``def f(msg)`` (run in a worker thread);
+#: see ``streamkit.handlers`` for typed and batch signatures.
+MessageHandler = Callable[..., Any]
 
 # Same rules as the coordinator's: braces would change the cluster hash tag,
 # '/' and '%' cannot travel in one URL path segment, whitespace and control
@@ -60,25 +66,6 @@ def _check_positive(what: str, value: object) -> int:
     return value
 
 
-def _is_async(fn: Callable[..., Any]) -> bool:
-    if inspect.iscoroutinefunction(fn):
-        return True
-    call = getattr(fn, "__call__", None)  # noqa: B004 - callable objects
-    return call is not None and inspect.iscoroutinefunction(call)
-
-
-def _threaded(fn: Callable[[Message], Any]) -> Handler:
-    @functools.wraps(fn)
-    async def run_in_thread(message: Message) -> None:
-        # Sync handlers block; keep them off the event loop.  ack() works
-        # from the thread: it only queues the id.
-        result = await anyio.to_thread.run_sync(fn, message)
-        if inspect.isawaitable(result):
-            await result
-
-    return run_in_thread
-
-
 @dataclass(frozen=True, slots=True)
 class Listener:
     """One declared listener: a group of ``concurrency`` members."""
@@ -90,6 +77,12 @@ class Listener:
     lifecycle: ShardLifecycle | None
     options: PollerOptions
     name: str
+    #: What the handler's signature asks for (None without a handler).
+    shape: HandlerShape | None = None
+    #: None: the app-wide default (``FailurePolicy.from_settings``).
+    failure_policy: FailurePolicy | None = None
+    #: The field a typed handler's JSON payload is decoded from.
+    payload_field: str = "payload"
 
     @classmethod
     def create(
@@ -104,16 +97,19 @@ class Listener:
         max_in_flight: object = None,
         block_ms: object = DEFAULT_BLOCK_MS,
         ordered: bool = True,
-        auto_ack: bool = False,
+        auto_ack: bool | None = None,
         claim_pending: bool = True,
+        batch: bool | None = None,
+        failure_policy: object = None,
+        payload_field: object = "payload",
         require_handler: bool = True,
     ) -> Listener:
         prefix = _check_name("stream_prefix", stream_prefix)
         consumer_group = _check_name("group", group)
         members = _check_positive("concurrency", concurrency)
-        batch = _check_positive("batch_size", batch_size)
+        per_read = _check_positive("batch_size", batch_size)
         in_flight = (
-            batch * IN_FLIGHT_BATCHES
+            per_read * IN_FLIGHT_BATCHES
             if max_in_flight is None
             else _check_positive("max_in_flight", max_in_flight)
         )
@@ -124,6 +120,31 @@ class Listener:
                     f"the handler of listener {prefix}/{consumer_group} must be callable, "
                     f"got {handler!r}"
                 )
+        shape = None
+        if handler is not None:
+            try:
+                shape = inspect_handler(handler, batch)
+            except HandlerSignatureError as exc:
+                raise ListenerConfigError(
+                    f"the handler of listener {prefix}/{consumer_group}: {exc}"
+                ) from None
+        if failure_policy is not None and not isinstance(failure_policy, FailurePolicy):
+            raise ListenerConfigError(
+                f"failure_policy must be a FailurePolicy, got {failure_policy!r}"
+            )
+        if not isinstance(payload_field, str) or not payload_field:
+            raise ListenerConfigError(
+                f"payload_field must be a non-empty string, got {payload_field!r}"
+            )
+        if auto_ack is None:
+            # A handler that never sees its messages cannot ack them; a batch
+            # handler acks what it did not settle or fail.
+            auto_ack = shape is not None and (shape.batch or not shape.receives_messages)
+        elif not auto_ack and shape is not None and not shape.receives_messages:
+            raise ListenerConfigError(
+                f"listener {prefix}/{consumer_group}: auto_ack=False, but the handler does not "
+                "receive its messages, so nothing could ever ack them"
+            )
         if lifecycle is not None and not isinstance(lifecycle, ShardLifecycle):
             raise ListenerConfigError(
                 f"lifecycle must implement ShardLifecycle (async on_assigned, on_revoked, "
@@ -145,14 +166,18 @@ class Listener:
             handler=handler,
             lifecycle=lifecycle,
             options=PollerOptions(
-                batch_size=batch,
+                batch_size=per_read,
                 max_in_flight=in_flight,
                 block_ms=block,
                 ordered=bool(ordered),
                 auto_ack=bool(auto_ack),
                 claim_pending=bool(claim_pending),
+                batch=shape is not None and shape.batch,
             ),
             name=str(name),
+            shape=shape,
+            failure_policy=failure_policy,
+            payload_field=payload_field,
         )
 
     @property
@@ -166,10 +191,13 @@ class Listener:
         return [f"{base}-m{i}" for i in range(self.concurrency)]
 
     def async_handler(self) -> Handler | None:
-        """The handler as a coroutine function (sync ones hop to a thread)."""
-        if self.handler is None:
+        """A one-message handler as a coroutine function (sync ones hop to a thread)."""
+        if self.handler is None or self.shape is None or self.shape.batch:
             return None
-        if _is_async(self.handler):
-            handler: Callable[[Message], Awaitable[None]] = self.handler
-            return handler
-        return _threaded(self.handler)
+        return adapt_single(self.handler, self.shape, self.payload_field)
+
+    def batch_handler(self) -> BatchHandler | None:
+        """A batch handler as a coroutine function (sync ones hop to a thread)."""
+        if self.handler is None or self.shape is None or not self.shape.batch:
+            return None
+        return adapt_batch(self.handler, self.shape, self.payload_field)

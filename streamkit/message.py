@@ -54,7 +54,17 @@ class Message:
     (at-least-once), so handlers must be idempotent.
     """
 
-    __slots__ = ("_fields", "_raw_fields", "_raw_id", "_settled", "_sink", "redelivered", "shard")
+    __slots__ = (
+        "_fields",
+        "_nack_delay_ms",
+        "_raw_fields",
+        "_raw_id",
+        "_settled",
+        "_sink",
+        "delivery_count",
+        "redelivered",
+        "shard",
+    )
 
     def __init__(
         self,
@@ -64,6 +74,7 @@ class Message:
         raw_fields: dict[bytes, bytes],
         *,
         redelivered: bool = False,
+        delivery_count: int = 1,
     ) -> None:
         self._sink = sink
         self.shard = shard
@@ -74,6 +85,11 @@ class Message:
         #: True when the entry was claimed from the group's pending list (a
         #: previous delivery, possibly to another member, may have run).
         self.redelivered = redelivered
+        #: How many times Redis delivered the entry to the group, this delivery
+        #: included (its delivery counter: 1 for a first read, and every claim
+        #: adds one, on any member).  The failure policy counts attempts by it.
+        self.delivery_count = delivery_count
+        self._nack_delay_ms: int | None = None
 
     # -- data ----------------------------------------------------------------
 
@@ -115,6 +131,11 @@ class Message:
         return self._sink.member_id
 
     @property
+    def attempt(self) -> int:
+        """This delivery's number, from 1 (the same as ``delivery_count``)."""
+        return self.delivery_count
+
+    @property
     def settled(self) -> Settlement | None:
         return self._settled
 
@@ -139,15 +160,26 @@ class Message:
         """
         return self._settle(Settlement.ACK_DEL)
 
-    def nack(self) -> Awaitable[None]:
+    def nack(self, delay: float | None = None) -> Awaitable[None]:
         """Give the message back: it stays pending and is delivered again.
 
-        Redis has no NACK; streamkit re-reads this member's own pending entries
-        of the shard before new ones, after the current batch.  There is no
-        delay and no redelivery limit: for poison messages ack and dead-letter
-        them yourself.
+        A nack is a failure without an exception: it goes through the
+        listener's failure policy.  The redelivery comes after ``delay``
+        seconds (None: the policy's backoff), counts as an attempt, and after
+        the last attempt the entry is dead-lettered (or its shard halted).
+        With ``ordered=True`` later entries of the shard wait for it.
         """
+        if delay is not None:
+            if delay < 0:
+                raise ValueError(f"delay must be >= 0, got {delay!r}")
+            if self._settled is None:
+                self._nack_delay_ms = int(delay * 1000)
         return self._settle(Settlement.NACK)
+
+    @property
+    def nack_delay_ms(self) -> int | None:
+        """The delay ``nack(delay=...)`` asked for, in ms (None: policy backoff)."""
+        return self._nack_delay_ms
 
     def _settle(self, how: Settlement) -> Awaitable[None]:
         if self._settled is None:

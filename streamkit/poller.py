@@ -25,23 +25,35 @@ Design (SPEC §5):
 * Acks are batched per shard: ``msg.ack()`` queues the id and one ``XACK``
   (or ``XACKDEL`` / ``MULTI XACK+XDEL``) goes out after each batch and before
   the shard is reported revoked.
+* A failed entry goes through the listener's ``FailurePolicy``
+  (``streamkit.failure`` decides, this module does the Redis side).  Attempts
+  are Redis' delivery counter: a retry is an ``XCLAIM`` to ourselves, which
+  adds exactly one, and entries claimed from a previous owner get their count
+  from ``XPENDING``, so the count survives a handoff.  Ordered shards retry in
+  place (later entries wait); unordered shards park the entry id in a bounded
+  per-shard schedule and go on (a due retry rides along with the next read).
+  A backoff never delays a revoke: the entry stays pending for the next owner.
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import random
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
+import redis.asyncio as redis_asyncio
 from anyio.abc import TaskGroup, TaskStatus
 from redis.exceptions import RedisError, ResponseError
 
 from streamkit.connections import AsyncRedis, redis_address
+from streamkit.failure import Action, Decision, FailurePolicy, dead_letter_fields
+from streamkit.handlers import BatchHandler, Handler
 from streamkit.lifecycle import monotonic_ms
 from streamkit.member import MemberStateMachine
 from streamkit.message import Message, Settlement
@@ -50,6 +62,7 @@ from streamkit.redis_health import RedisReachability, describe_error, is_unreach
 from streamkit.routing import stream_key
 
 __all__ = [
+    "BatchHandler",
     "FairGate",
     "Handler",
     "PollerOptions",
@@ -60,8 +73,6 @@ __all__ = [
 
 log = logging.getLogger("streamkit.poller")
 
-Handler = Callable[[Message], Awaitable[None]]
-
 # A blocking read ends this long before the lease does, so the server-side
 # BLOCK timeout plus network delay and event-loop lag still lands inside the
 # lease (a read still running at lease end is abandoned: see _within_lease).
@@ -71,6 +82,9 @@ _BACKOFF_MIN_S = 0.1
 _BACKOFF_MAX_S = 5.0
 _END_OF_PEL = b"0-0"
 _FINAL_FLUSH_S = 5.0
+_DEFAULT_POLICY = FailurePolicy()
+# A dead letter that could not be written is tried again after this long.
+_DEAD_LETTER_RETRY_MS = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +103,10 @@ class PollerOptions:
     auto_ack: bool = False
     #: Claim the group's pending entries when a shard is assigned.
     claim_pending: bool = True
+    #: The handler takes a list of up to ``batch_size`` entries of one shard.
+    batch: bool = False
+    #: What to do with a failed entry.
+    policy: FailurePolicy = _DEFAULT_POLICY
 
 
 class ReadObserver(Protocol):
@@ -227,9 +245,20 @@ class ShardSession:
         self.pending_count = 0
         self._acks: list[bytes] = []
         self._ack_dels: list[bytes] = []
-        # Our own pending entries to fetch again (nacked, or skipped when the
-        # lease lapsed mid-batch): XCLAIM to ourselves before reading new ones.
+        # Standalone Redis: dead letters (fields, entry id) written in the same
+        # MULTI as the batch's XACK (_flush), so they cost no round trip of their own.
+        self._dead_letters: list[tuple[dict[Any, Any], bytes]] = []
+        # Our own pending entries to fetch again, in stream order (skipped when
+        # the lease lapsed mid-batch): XCLAIM to ourselves before reading new ones.
         self._redeliver: list[bytes] = []
+        # Unordered: failed entries waiting for their retry, (due ms, id, the
+        # delivery count the XCLAIM will give it).  Only ids are kept (the
+        # fields come back with the XCLAIM), at most max_in_flight of them:
+        # when full, no new entries are read.
+        self._retries: list[tuple[int, bytes, int]] = []
+        self._retry_cap = poller.options.max_in_flight
+        #: The failure policy halted the shard: no reads until it is assigned again.
+        self.halted = False
         self._claiming = poller.options.claim_pending
         self._claim_cursor = _END_OF_PEL
         self._idle = False
@@ -247,6 +276,7 @@ class ShardSession:
         self.aborted = True
         self._acks.clear()
         self._ack_dels.clear()
+        self._dead_letters.clear()
         self.halt()
 
     def settle(self, message_id: bytes, how: Settlement) -> None:
@@ -261,8 +291,8 @@ class ShardSession:
             self._acks.append(message_id)
         elif how is Settlement.ACK_DEL:
             self._ack_dels.append(message_id)
-        else:
-            self._redeliver.append(message_id)
+        # A nack is handled once the handler returned (ShardPoller.invoke):
+        # it goes through the failure policy like an exception.
 
     def may_read(self) -> bool:
         return not self.stopping and self._poller.machine.may_read(self.shard, monotonic_ms())
@@ -285,10 +315,17 @@ class ShardSession:
         poller = self._poller
         failures = 0
         while not self.stopping:
+            if self.halted:
+                await self._interruptibly(anyio.sleep_forever())
+                continue
             if not self.may_read():
                 await self._interruptibly(poller.wait_for_change())
                 continue
-            want = 1 if self._idle else poller.options.batch_size
+            if len(self._retries) >= self._retry_cap and self._until_due_ms() > 0:
+                # Bounded memory: read nothing new until a parked retry is due.
+                await self._interruptibly(anyio.sleep(self._until_due_ms() / 1000))
+                continue
+            want = 1 if self._idle and not self._due_now() else poller.options.batch_size
             granted = await self._interruptibly(poller.gate.acquire(want))
             if not granted:
                 continue
@@ -296,7 +333,7 @@ class ShardSession:
             try:
                 if self.may_read():
                     try:
-                        entries, redelivered = await self._read_within_lease(granted)
+                        entries, counts = await self._read_within_lease(granted)
                     except (RedisError, OSError) as exc:
                         error = exc
                         if is_unreachable_error(exc):
@@ -305,7 +342,7 @@ class ShardSession:
                         failures = 0
                         poller.reachability.succeeded()
                         if entries:
-                            await self._handle(entries, redelivered)
+                            await self._handle(entries, counts)
                             await self._flush()
             finally:
                 poller.gate.release(granted)
@@ -316,7 +353,9 @@ class ShardSession:
                 self._log_read_error(error, failures)
                 await self._interruptibly(anyio.sleep(_backoff_s(failures)))
 
-    async def _read_within_lease(self, count: int) -> tuple[list[tuple[bytes, Any]], bool]:
+    async def _read_within_lease(
+        self, count: int
+    ) -> tuple[list[tuple[bytes, Any]], dict[bytes, int]]:
         """``_read_batch``, but no Redis command of it outlives the assignment lease."""
         try:
             return await self._read_batch(count)
@@ -333,7 +372,7 @@ class ShardSession:
             if self._poller.options.claim_pending:
                 self._claiming = True
                 self._claim_cursor = _END_OF_PEL
-            return [], False
+            return [], {}
 
     async def _within_lease(self, command: Awaitable[Any]) -> Any:
         """Await one Redis command; raise ``_LeaseCut`` if the lease ends first.
@@ -348,16 +387,37 @@ class ShardSession:
             return await command
         raise _LeaseCut
 
-    async def _read_batch(self, count: int) -> tuple[list[tuple[bytes, Any]], bool]:
-        """The next entries: claimed leftovers first, then redeliveries, then new."""
+    async def _read_batch(self, count: int) -> tuple[list[tuple[bytes, Any]], dict[bytes, int]]:
+        """The next entries: claimed leftovers first, then redeliveries, then
+        due retries (topped up with new entries), then new ones.  Also the
+        delivery counts of the entries that were claimed (the others: 1)."""
         if self._claiming:
             entries, self._claiming = await self._claim(count)
-            return entries, True
+            return entries, await self._delivery_counts(entries)
         if self._redeliver:
-            return await self._reclaim(count), True
+            ids, self._redeliver = self._redeliver[:count], self._redeliver[count:]
+            try:
+                entries = await self._xclaim(ids)
+            except BaseException:
+                self._redeliver[:0] = ids
+                raise
+            return entries, await self._delivery_counts(entries)
+        due = self._take_due(count)
+        if due:
+            try:
+                entries, fresh = await self._retry_and_read(due, count - len(due))
+            except BaseException:
+                for entry_id, delivery in due:
+                    heapq.heappush(self._retries, (0, entry_id, delivery))
+                raise
+            # XCLAIM adds exactly one to the counter read at the last delivery.
+            known = dict(due)
+            counts = {entry_id: known[entry_id] for entry_id, _ in entries}
+            self._idle = not fresh
+            return entries + fresh, counts
         entries = await self._read_new(count, block=self._idle)
         self._idle = not entries
-        return entries, False
+        return entries, {}
 
     async def _interruptibly(self, awaitable: Awaitable[Any]) -> Any:
         """Await ``awaitable`` unless ``halt()`` comes first (then: None)."""
@@ -384,6 +444,8 @@ class ShardSession:
                 # Too little lease left to block; wait for the next heartbeat.
                 await self._interruptibly(poller.wait_for_change())
                 return []
+            if self._retries:  # wake up for the next parked retry
+                block_ms = max(_MIN_BLOCK_MS, min(block_ms, self._until_due_ms()))
         reply: Any
         with self._observed_read() as tally:
             if block_ms is None:
@@ -460,24 +522,89 @@ class ShardSession:
         except RedisError as exc:  # housekeeping only: try again on the next grant
             log.debug("%s: consumers of %s kept: %r", self.member_id, self.stream_key, exc)
 
-    async def _reclaim(self, count: int) -> list[tuple[bytes, Any]]:
-        """Fetch our own pending entries again (XCLAIM to ourselves, min-idle 0)."""
+    async def _xclaim(self, ids: list[bytes]) -> list[tuple[bytes, Any]]:
+        """Fetch our own pending entries again (XCLAIM to ourselves, min-idle 0).
+
+        Redis adds one to each entry's delivery counter: that is the attempt
+        count a retry is known by, on this member or the next owner.
+        """
         poller = self._poller
-        ids, self._redeliver = self._redeliver[:count], self._redeliver[count:]
         reply: Any
         with self._observed_read() as tally:
-            try:
-                reply = await self._within_lease(
-                    poller.redis.xclaim(
-                        self.stream_key, self.consumer_group, self.member_id, 0, list[Any](ids)
-                    )
+            reply = await self._within_lease(
+                poller.redis.xclaim(
+                    self.stream_key, self.consumer_group, self.member_id, 0, list[Any](ids)
                 )
-            except BaseException:
-                self._redeliver[:0] = ids
-                raise
+            )
             entries: list[tuple[bytes, Any]] = [e for e in reply if e[1] is not None]
             tally.count = len(entries)
         return entries
+
+    async def _retry_and_read(
+        self, due: list[tuple[bytes, int]], more: int
+    ) -> tuple[list[tuple[bytes, Any]], list[tuple[bytes, Any]]]:
+        """XCLAIM the due retries and read up to ``more`` new entries, in one
+        round trip (one key, so one node in a cluster too)."""
+        poller = self._poller
+        pipe = poller.redis.pipeline(transaction=False)
+        pipe.xclaim(self.stream_key, self.consumer_group, self.member_id, 0, [i for i, _ in due])
+        if more > 0:
+            pipe.xreadgroup(self.consumer_group, self.member_id, {self.stream_key: ">"}, count=more)
+        with self._observed_read() as tally:
+            replies = await self._within_lease(pipe.execute())
+            claimed: list[tuple[bytes, Any]] = [e for e in replies[0] if e[1] is not None]
+            fresh = _entries_of(replies[1]) if more > 0 else []
+            tally.count = len(claimed) + len(fresh)
+        self.pending_count += len(fresh)
+        return claimed, fresh
+
+    async def _delivery_counts(self, entries: list[tuple[bytes, Any]]) -> dict[bytes, int]:
+        """Redis' delivery counter of claimed entries (``XPENDING`` per id, one round trip).
+
+        Claims are rare (a handoff, a retry), so the extra round trip stays off
+        the hot path.  If it fails the entries are handled anyway, counted as
+        a second delivery, the least a claimed entry can have.
+        """
+        if not entries:
+            return {}
+        pipe = self._poller.redis.pipeline(transaction=False)
+        for entry_id, _ in entries:
+            pipe.xpending_range(self.stream_key, self.consumer_group, entry_id, entry_id, 1)
+        try:
+            replies = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            log.warning("%s: no delivery counts for %s: %r", self.member_id, self.stream_key, exc)
+            return {entry_id: 2 for entry_id, _ in entries}
+        counts: dict[bytes, int] = {}
+        for (entry_id, _), reply in zip(entries, replies, strict=True):
+            # A claimed entry was delivered at least once before this claim.
+            counts[entry_id] = int(reply[0]["times_delivered"]) if reply else 2
+        return counts
+
+    # -- parked retries (unordered) ----------------------------------------------
+
+    def _park(self, message: Message, delay_ms: int) -> None:
+        # The next read's BLOCK is cut to the first due retry (_read_new).
+        due = monotonic_ms() + delay_ms
+        heapq.heappush(self._retries, (due, message.raw_id, message.delivery_count + 1))
+
+    def _until_due_ms(self) -> int:
+        if not self._retries:
+            return 1 << 30
+        return max(0, self._retries[0][0] - monotonic_ms())
+
+    def _due_now(self) -> bool:
+        return bool(self._retries) and self._retries[0][0] <= monotonic_ms()
+
+    def _take_due(self, count: int) -> list[tuple[bytes, int]]:
+        """Up to ``count`` due retries, in stream order: (id, delivery count)."""
+        now = monotonic_ms()
+        due: list[tuple[bytes, int]] = []
+        while self._retries and self._retries[0][0] <= now and len(due) < count:
+            _, entry_id, delivery = heapq.heappop(self._retries)
+            due.append((entry_id, delivery))
+        due.sort(key=lambda item: _id_key(item[0]))
+        return due
 
     @contextlib.contextmanager
     def _observed_read(self) -> Iterator[_Tally]:
@@ -521,46 +648,230 @@ class ShardSession:
 
     # -- handling ----------------------------------------------------------------
 
-    async def _handle(self, entries: list[tuple[bytes, Any]], redelivered: bool) -> None:
-        poller = self._poller
+    async def _handle(self, entries: list[tuple[bytes, Any]], counts: dict[bytes, int]) -> None:
         shard = self.shard
         self.last_delivered_id = _later(self.last_delivered_id, entries[-1][0])
         messages = [
-            Message(self, shard, entry_id, fields, redelivered=redelivered)
+            Message(
+                self,
+                shard,
+                entry_id,
+                fields,
+                redelivered=entry_id in counts,
+                delivery_count=counts.get(entry_id, 1),
+            )
             for entry_id, fields in entries
         ]
         self.in_flight = len(messages)
-        invoke = poller.invoke
         try:
-            if poller.options.ordered:
-                machine = poller.machine
-                for index, message in enumerate(messages):
-                    # Start nothing once the shard may not be read: the rest
-                    # stays pending, for whoever owns the shard next or, if
-                    # only the lease lapsed, for us once it is renewed.
-                    if self.stopping or not machine.may_read(shard, monotonic_ms()):
-                        if not self.stopping:
-                            self._redeliver.extend(m.raw_id for m in messages[index:])
-                        break
-                    await invoke(message)
-                    self.in_flight -= 1
+            if self._poller.options.ordered:
+                await self._handle_ordered(messages)
             else:
-                async with anyio.create_task_group() as tg:
-                    for message in messages:
-                        tg.start_soon(invoke, message)
+                await self._handle_unordered(messages)
         finally:
             self.in_flight = 0
 
-    async def _flush(self, *, final: bool = False) -> None:
-        acks, dels = self._acks, self._ack_dels
-        if not acks and not dels:
+    async def _handle_ordered(self, messages: list[Message]) -> None:
+        """One entry (or one batch) at a time; a failed one is retried in place
+        before anything after it starts."""
+        poller = self._poller
+        batch = poller.options.batch
+        step = len(messages) if batch else 1
+        for index in range(0, len(messages), step):
+            # Start nothing once the shard may not be read: the rest stays
+            # pending, for whoever owns the shard next or, if only the lease
+            # lapsed, for us once it is renewed.
+            if not self.may_read():
+                if not self.stopping:
+                    self._redeliver.extend(m.raw_id for m in messages[index:])
+                return
+            decisions: list[Decision | None]
+            if batch:
+                chunk = messages
+                decisions = await poller.invoke_batch(chunk)
+            else:
+                decision = await poller.invoke(messages[index])
+                if decision is None:  # the common case, kept short
+                    self.in_flight -= 1
+                    continue
+                chunk, decisions = [messages[index]], [decision]
+            left = await self._run_in_place(chunk, decisions)
+            if left:
+                if not self.stopping and not self.halted:
+                    self._redeliver.extend(left)
+                    self._redeliver.extend(m.raw_id for m in messages[index + step :])
+                return
+            self.in_flight -= len(chunk)
+
+    async def _run_in_place(
+        self, chunk: list[Message], decisions: list[Decision | None]
+    ) -> list[bytes]:
+        """Finish ``chunk`` (handled once, with these outcomes), retrying failures in place.
+
+        Returns the ids (in stream order) of the entries it had to leave
+        pending: the shard was halted or stopped, the lease lapsed during a
+        backoff, or Redis failed.
+        """
+        poller = self._poller
+        while True:
+            retry: list[Message] = []
+            delay_ms = 0
+            stuck = False
+            for message, decision in zip(chunk, decisions, strict=True):
+                if decision is None:
+                    continue
+                if decision.action is Action.RETRY:
+                    delay_ms = max(delay_ms, decision.delay_ms)
+                elif decision.action is Action.HALT:
+                    self._halt_shard(message, decision)
+                    stuck = True
+                elif await self._dead_letter(message, decision):
+                    continue
+                else:
+                    stuck = True
+                retry.append(message)
+            if not retry:
+                return []
+            left = [m.raw_id for m in retry]
+            if stuck:
+                return left
+            # Acks of the entries before this one need not wait for its retries.
+            await self._flush()
+            # halt() interrupts the backoff: a revoke never waits for it, and the
+            # entry stays pending for the next owner, which goes on counting.
+            await self._interruptibly(anyio.sleep(delay_ms / 1000))
+            if not self.may_read():
+                return left
+            try:
+                entries = await self._xclaim(left)
+            except (RedisError, OSError, _LeaseCut) as exc:
+                log.warning("%s: retry of %s failed: %r", self.member_id, self.stream_key, exc)
+                return left
+            # XCLAIM adds exactly one to the counter read at the last delivery.
+            before = {m.raw_id: m.delivery_count for m in retry}
+            chunk = [
+                Message(
+                    self,
+                    self.shard,
+                    entry_id,
+                    fields,
+                    redelivered=True,
+                    delivery_count=before[entry_id] + 1,
+                )
+                for entry_id, fields in entries
+            ]
+            if not chunk:
+                return []  # gone meanwhile (acked elsewhere, deleted, trimmed)
+            decisions = await poller.invoke_all(chunk)
+
+    async def _handle_unordered(self, messages: list[Message]) -> None:
+        """Everything at once; a failed entry is parked, the others go on."""
+        poller = self._poller
+        if poller.options.batch:
+            decisions = await poller.invoke_all(messages)
+            for message, decision in zip(messages, decisions, strict=True):
+                if decision is not None:
+                    await self._apply_unordered(message, decision)
             return
-        self._acks, self._ack_dels = [], []
+
+        async def one(message: Message) -> None:
+            decision = await poller.invoke(message)
+            if decision is not None:
+                await self._apply_unordered(message, decision)
+
+        async with anyio.create_task_group() as tg:
+            for message in messages:
+                tg.start_soon(one, message)
+
+    async def _apply_unordered(self, message: Message, decision: Decision) -> None:
+        if decision.action is Action.RETRY:
+            self._park(message, decision.delay_ms)
+        elif decision.action is Action.HALT:
+            self._halt_shard(message, decision)
+        elif not await self._dead_letter(message, decision):
+            self._park(message, _DEAD_LETTER_RETRY_MS)
+
+    def _halt_shard(self, message: Message, decision: Decision) -> None:
+        """``on_exhausted="halt"``: keep the entry pending and stop reading the shard."""
+        if not self.halted:
+            log.error(
+                "%s: HALTED shard %s: entry %s failed %d attempt(s) (last: %s); it stays "
+                "pending and the shard is not read until it is assigned again",
+                self.member_id,
+                self.stream_key,
+                message.id,
+                message.delivery_count,
+                decision.error,
+            )
+        self.halted = True
+        self._poller.halted[self.shard] = message.id
+
+    async def _dead_letter(self, message: Message, decision: Decision) -> bool:
+        """Write the entry to the dead-letter stream, then ack it; False if Redis failed.
+
+        Standalone Redis: the ``XADD`` goes out with the batch's ``XACK``, in
+        one ``MULTI`` (``_flush``).  In a cluster the two keys usually live in
+        different slots, so the ``XADD`` goes first and the ``XACK`` joins the
+        batch's acks: a crash in between leaves the entry pending and it is
+        dead-lettered again (a duplicate dead letter, never a lost entry).
+        """
+        if self.aborted:
+            return True  # lost: another member may own the shard now
+        poller = self._poller
+        policy = poller.options.policy
+        fields = dead_letter_fields(
+            message.raw_fields,
+            stream_key=self.stream_key,
+            entry_id=message.id,
+            consumer_group=self.consumer_group,
+            attempts=message.delivery_count,
+            error=decision.error,
+        )
+        key = poller.dead_letter_key
+        try:
+            if poller.cluster:
+                await poller.redis.xadd(
+                    key, fields, maxlen=policy.dead_letter_maxlen, approximate=True
+                )
+                self._acks.append(message.raw_id)
+            else:
+                self._dead_letters.append((fields, message.raw_id))
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "%s: could not dead-letter %s entry %s to %s (%r); it stays pending",
+                self.member_id,
+                self.stream_key,
+                message.id,
+                key,
+                exc,
+            )
+            return False
+        poller.dead_lettered += 1
+        log.error(
+            "%s: dead-lettering %s entry %s to %s after %d attempt(s): %s",
+            self.member_id,
+            self.stream_key,
+            message.id,
+            key,
+            message.delivery_count,
+            decision.error,
+        )
+        return True
+
+    async def _flush(self, *, final: bool = False) -> None:
+        acks, dels, letters = self._acks, self._ack_dels, self._dead_letters
+        if not acks and not dels and not letters:
+            return
+        self._acks, self._ack_dels, self._dead_letters = [], [], []
         redis = self._poller.redis
         attempts = 3 if final else 1
         for attempt in range(1, attempts + 1):
             try:
-                if not dels:
+                if letters:
+                    # Standalone only: dead letters and acks in one MULTI, so
+                    # an entry is never acked without its dead letter.
+                    await self._dead_letter_and_ack(acks, dels, letters).execute()
+                elif not dels:
                     await redis.xack(self.stream_key, self.consumer_group, *acks)
                 elif self._poller.xackdel:
                     pipe = redis.pipeline(transaction=False)
@@ -601,14 +912,38 @@ class ShardSession:
                     )
                     self._acks[:0] = acks
                     self._ack_dels[:0] = dels
+                    self._dead_letters[:0] = letters
                 return
             break
         self._poller.reachability.succeeded()
+        acks = acks + [entry_id for _, entry_id in letters]
         self.pending_count = max(0, self.pending_count - len(acks) - len(dels))
         if acks:
-            self.last_acked_id = _later(self.last_acked_id, acks[-1])
+            self.last_acked_id = _later(self.last_acked_id, max(acks, key=_id_key))
         if dels:
             self.last_acked_id = _later(self.last_acked_id, dels[-1])
+
+    def _dead_letter_and_ack(
+        self, acks: list[bytes], dels: list[bytes], letters: list[tuple[dict[Any, Any], bytes]]
+    ) -> Any:
+        """A MULTI pipeline: the dead letters' XADDs, then every XACK (and XDEL)."""
+        poller = self._poller
+        policy = poller.options.policy
+        pipe = poller.redis.pipeline(transaction=True)
+        for fields, _ in letters:
+            pipe.xadd(
+                poller.dead_letter_key, fields, maxlen=policy.dead_letter_maxlen, approximate=True
+            )
+        pipe.xack(self.stream_key, self.consumer_group, *acks, *[i for _, i in letters])
+        if dels:
+            if poller.xackdel:
+                pipe.execute_command(
+                    "XACKDEL", self.stream_key, self.consumer_group, "IDS", len(dels), *dels
+                )
+            else:
+                pipe.xack(self.stream_key, self.consumer_group, *dels)
+                pipe.xdel(self.stream_key, *dels)
+        return pipe
 
     def progress(self) -> ShardConsumptionProgress:
         return ShardConsumptionProgress(
@@ -640,6 +975,14 @@ def _entries_of(reply: Any) -> list[tuple[bytes, Any]]:
     return entries
 
 
+def _next_step(decision: Decision) -> str:
+    if decision.action is Action.RETRY:
+        return f"retrying in {decision.delay_ms} ms"
+    if decision.action is Action.HALT:
+        return "attempts exhausted, halting the shard"
+    return "attempts exhausted, dead-lettering it"
+
+
 def _backoff_s(failures: int) -> float:
     ceiling = min(_BACKOFF_MAX_S, _BACKOFF_MIN_S * 2.0 ** min(failures - 1, 16))
     return ceiling / 2 + random.uniform(0, ceiling / 2)
@@ -660,11 +1003,16 @@ class ShardPoller:
         *,
         stream_prefix: str,
         consumer_group: str,
-        handler: Handler,
+        handler: Handler | None = None,
+        batch_handler: BatchHandler | None = None,
         options: PollerOptions,
         xackdel: bool = False,
         observer: ReadObserver | None = None,
     ) -> None:
+        if (handler is None) == (batch_handler is None) or (batch_handler is None) == (
+            options.batch
+        ):
+            raise ValueError("give a handler, or a batch_handler with options.batch")
         self.machine = machine
         self.redis = redis
         self.stream_prefix = stream_prefix
@@ -679,6 +1027,13 @@ class ShardPoller:
         self.reachability = RedisReachability()
         self.redis_address = redis_address(redis)
         self._handler = handler
+        self._batch_handler = batch_handler
+        self.cluster = isinstance(redis, redis_asyncio.RedisCluster)
+        self.dead_letter_key = options.policy.dead_letter_key(stream_prefix, consumer_group)
+        #: shard -> the entry that halted it (``on_exhausted="halt"``).
+        self.halted: dict[int, str] = {}
+        #: Entries written to the dead-letter stream (metrics).
+        self.dead_lettered = 0
         self._sessions: dict[int, ShardSession] = {}
         self._changed = anyio.Event()
         self._closed = anyio.Event()
@@ -730,6 +1085,7 @@ class ShardPoller:
         """Lost: stop reading and acking at once; do not wait for handlers."""
         for shard in shards:
             session = self._sessions.pop(shard, None)
+            self.halted.pop(shard, None)
             if session is not None:
                 session.abort()
 
@@ -739,6 +1095,7 @@ class ShardPoller:
     def _session_finished(self, session: ShardSession) -> None:
         if self._sessions.get(session.shard) is session:
             del self._sessions[session.shard]
+            self.halted.pop(session.shard, None)
 
     # -- coordination with the heartbeat loop ------------------------------------------
 
@@ -752,22 +1109,65 @@ class ShardPoller:
 
     # -- handler -----------------------------------------------------------------------
 
-    async def invoke(self, message: Message) -> None:
+    async def invoke(self, message: Message) -> Decision | None:
+        """Run the handler on one message; None when done, else what the policy says."""
+        assert self._handler is not None
         try:
             await self._handler(message)
-        except Exception:
-            # At-least-once: the entry stays pending (redelivered on the next
-            # claim of this shard); the listener keeps going.
-            log.exception(
-                "handler failed for %s entry %s (group %s, member %s); it stays pending",
+        except Exception as exc:
+            return self._failed(message, exc)
+        settled = message.settled
+        if settled is None:
+            if self.options.auto_ack:
+                message.ack()
+            return None
+        return self._failed(message, None) if settled is Settlement.NACK else None
+
+    async def invoke_batch(self, messages: list[Message]) -> list[Decision | None]:
+        """Run the batch handler; per message, None when done, else the policy's decision.
+
+        If it raises, every message it did not settle failed with that error.
+        """
+        assert self._batch_handler is not None
+        try:
+            errors = await self._batch_handler(messages)
+        except Exception as exc:
+            return [
+                self._failed(m, exc) if m.settled is None else self._returned(m) for m in messages
+            ]
+        return [
+            self._failed(m, errors[i]) if i in errors else self._returned(m)
+            for i, m in enumerate(messages)
+        ]
+
+    async def invoke_all(self, messages: list[Message]) -> list[Decision | None]:
+        if self._batch_handler is not None:
+            return await self.invoke_batch(messages)
+        return [await self.invoke(m) for m in messages]
+
+    def _returned(self, message: Message) -> Decision | None:
+        if message.settled is Settlement.NACK:
+            return self._failed(message, None)
+        if self.options.auto_ack and message.settled is None:
+            message.ack()
+        return None
+
+    def _failed(self, message: Message, error: BaseException | None) -> Decision:
+        decision = self.options.policy.decide(
+            message.delivery_count, error, delay_ms=message.nack_delay_ms, rand=random.random()
+        )
+        if error is not None:
+            log.warning(
+                "handler failed for %s entry %s (group %s, member %s, attempt %d): %s",
                 message.stream_key,
                 message.id,
                 self.consumer_group,
                 self.member_id,
+                message.delivery_count,
+                _next_step(decision),
+                exc_info=error,
             )
-            return
-        if self.options.auto_ack and message.settled is None:
-            message.ack()
+        return decision
 
     # -- reports -----------------------------------------------------------------------
 

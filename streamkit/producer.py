@@ -81,9 +81,16 @@ PartitionKey: TypeAlias = str | bytes
 FieldValue: TypeAlias = str | bytes | int | float
 # Mapping is invariant in its key type: spell out the common key types so a
 # plain dict[str, str] type-checks.
+# A pydantic model is published as its JSON in the ``payload`` field (what
+# ``publish_json`` writes and typed handlers decode).
 Fields: TypeAlias = (
-    Mapping[str, FieldValue] | Mapping[bytes, FieldValue] | Mapping[str | bytes, FieldValue]
+    Mapping[str, FieldValue]
+    | Mapping[bytes, FieldValue]
+    | Mapping[str | bytes, FieldValue]
+    | pydantic.BaseModel
 )
+#: The field ``publish_json`` (and ``publish`` of a model) writes the JSON to.
+PAYLOAD_FIELD: Final = "payload"
 
 _TRACER: Final = trace.get_tracer("streamkit")
 _EXACT_VALUE_TYPES: Final = frozenset({str, bytes, int, float})
@@ -182,6 +189,8 @@ def _field_args(fields: Fields) -> list[Any]:
     Exact types are checked first: this runs on every publish.
     """
     if not isinstance(fields, Mapping):
+        if isinstance(fields, pydantic.BaseModel):
+            return [PAYLOAD_FIELD, fields.model_dump_json()]
         raise TypeError(f"fields must be a mapping of field -> value, got {type(fields).__name__}")
     args: list[Any] = []
     for name, value in fields.items():
@@ -445,6 +454,9 @@ class Publisher:
     async def publish(self, partition_key: PartitionKey, fields: Fields) -> PublishResult:
         """Append one message to the shard of ``partition_key`` (at-least-once).
 
+        ``fields`` is a mapping of field names to values, or a pydantic model,
+        which is written as JSON in the ``payload`` field (as ``publish_json``).
+
         Raises ``TypeError`` for field values that are not str, bytes, int or
         float, :class:`RoutingUnavailable` when no trusted routing exists (fail
         closed), :class:`StaleRouteError` when the routed shard stream is gone
@@ -529,9 +541,12 @@ class Publisher:
         self,
         partition_key: PartitionKey,
         obj: Any,
-        field: str = "payload",
+        field: str = PAYLOAD_FIELD,
     ) -> PublishResult:
-        """Publish ``obj`` as compact JSON in one field (pydantic models dumped by pydantic)."""
+        """Publish ``obj`` as compact JSON in one field (pydantic models dumped by pydantic).
+
+        A listener whose handler is typed with a pydantic model decodes this field.
+        """
         if isinstance(obj, pydantic.BaseModel):
             payload = obj.model_dump_json()
         else:

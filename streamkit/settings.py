@@ -55,6 +55,13 @@ class StreamKitSettings(BaseSettings):
     #: Producer routing cache: refresh interval and lease, in seconds.
     routing_refresh_interval: float = 5.0
     routing_lease: float = 30.0
+    #: Default failure policy of stream listeners (``FailurePolicy``): deliveries
+    #: before a failing entry is dead-lettered, and the retry backoff in ms.
+    retry_max_attempts: int = Field(default=5, ge=1)
+    retry_backoff_ms: int = Field(default=200, ge=0)
+    retry_backoff_max_ms: int = Field(default=30_000, ge=0)
+    #: ``MAXLEN ~`` of dead-letter streams.
+    dead_letter_maxlen: int = Field(default=100_000, ge=1)
 
     def member_id_prefix(self, incarnation: str) -> str:
         """What member ids of one start of this process begin with."""
@@ -82,5 +89,9 @@ class StreamKitSettings(BaseSettings):
         if self.routing_lease <= self.routing_refresh_interval:
             raise ValueError(
                 "STREAMKIT_ROUTING_LEASE must exceed STREAMKIT_ROUTING_REFRESH_INTERVAL"
+            )
+        if self.retry_backoff_max_ms < self.retry_backoff_ms:
+            raise ValueError(
+                "STREAMKIT_RETRY_BACKOFF_MAX_MS must be at least STREAMKIT_RETRY_BACKOFF_MS"
             )
         return self

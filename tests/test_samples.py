@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import httpx
 import pytest
 from consumer.support import logical
 
+from samples.orders.app import Order
 from streamkit import Publisher, StreamKitSettings
 from streamkit.routing import shard_for_key
 from streamkit.testing import RedisTarget, redis_client
@@ -194,9 +196,11 @@ async def test_orders_sample_bills_every_order_once(
                 ORDERS, BILLING, settings=settings_for(coordinator, any_redis)
             ) as publisher:
                 results = await publisher.publish_many(
-                    (oid, {"orderId": oid, "amount": f"{i % 97}.50"})
+                    (oid, Order(order_id=oid, amount=Decimal(f"{i % 97}.50")))
                     for i, oid in enumerate(order_ids)
                 )
+                # Not an Order: dead-lettered at once, with the validation error.
+                invalid = await publisher.publish_json("order-x", {"order_id": "order-x"})
             assert len(results) == count
 
             async def all_billed() -> bool:
@@ -217,6 +221,14 @@ async def test_orders_sample_bills_every_order_once(
                     invoiced.append(order_id)
             assert set(invoiced) == set(order_ids)
             assert len(invoiced) >= count
+
+            async def dead_lettered() -> bool:
+                return int(await redis.xlen(f"{ORDERS}:dlq:{BILLING}")) == 1
+
+            await eventually(dead_lettered, 10, "the invalid order dead-lettered", proc.logs)
+            ((_, letter),) = await redis.xrange(f"{ORDERS}:dlq:{BILLING}")
+            assert letter[b"x-original-id"].decode() == invalid.record_id
+            assert b"amount" in letter[b"x-error"] and letter[b"x-attempts"] == b"1"
 
             for shard in range(orders_shards):
                 pending = await redis.xpending(f"{ORDERS}:{shard}", BILLING)

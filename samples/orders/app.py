@@ -5,6 +5,15 @@ the ``billing`` group, and an invoice is published to the ``invoices`` stream.
 The repository and the invoice service come from a dependency-injector
 container; the invoice service gets the app's ``Publisher`` injected.
 
+Orders are typed: a publisher sends an ``Order`` model (``publisher.publish(
+order.order_id, order)`` writes its JSON to the ``payload`` field), and the
+handler receives it decoded and validated.  An order that cannot be decoded,
+or that still fails after the policy's last attempt, lands in the dead-letter
+stream ``orders:dlq:billing``; look at it with::
+
+    streamkit dlq list orders billing
+    streamkit dlq replay orders billing --payload-key order_id   # after a fix
+
 Run it (coordinator and Redis up, the ``orders`` and ``invoices`` streams
 created; ``streamkit demo`` does all of that for you), with the coordinator's
 credentials (heartbeats and routing need them)::
@@ -16,11 +25,13 @@ credentials (heartbeats and routing need them)::
 from __future__ import annotations
 
 import logging
+from decimal import Decimal
 
 from dependency_injector import containers, providers
 from dependency_injector.wiring import Provide, inject
+from pydantic import BaseModel, Field
 
-from streamkit import Message, Publisher, StreamKit
+from streamkit import FailurePolicy, Message, Publisher, StreamKit
 from streamkit.connections import AsyncRedis
 
 ORDERS = "orders"
@@ -29,6 +40,13 @@ INVOICES = "invoices"
 ACCOUNTING = "accounting"
 
 log = logging.getLogger("samples.orders")
+
+
+class Order(BaseModel):
+    """What the ``orders`` stream carries, as JSON in the ``payload`` field."""
+
+    order_id: str = Field(min_length=1)
+    amount: Decimal = Field(ge=0)
 
 
 class OrderRepository:
@@ -57,9 +75,11 @@ class InvoiceService:
     def __init__(self, publisher: Publisher) -> None:
         self._publisher = publisher
 
-    async def issue(self, order_id: str, amount: str) -> None:
+    async def issue(self, order: Order) -> None:
         # Keyed by order id: every invoice of an order lands on one shard.
-        await self._publisher.publish(order_id, {"orderId": order_id, "amount": amount})
+        await self._publisher.publish(
+            order.order_id, {"orderId": order.order_id, "amount": str(order.amount)}
+        )
 
 
 class Container(containers.DeclarativeContainer):
@@ -87,17 +107,25 @@ async def goodbye() -> None:
     log.info("orders sample stopped")
 
 
-@app.stream_listener(stream_prefix=ORDERS, group=BILLING, concurrency=2, batch_size=50)
+@app.stream_listener(
+    stream_prefix=ORDERS,
+    group=BILLING,
+    concurrency=2,
+    batch_size=50,
+    # A failing order is retried 5 times (0.2 s, 0.4 s, ... apart) while the
+    # later orders of its shard wait, then it goes to orders:dlq:billing.
+    failure_policy=FailurePolicy(max_attempts=5, backoff_initial_ms=200),
+)
 @inject
 async def bill_order(
+    order: Order,
     msg: Message,
     orders: OrderRepository = Provide[Container.orders],
     invoices: InvoiceService = Provide[Container.invoices],
 ) -> None:
-    order_id = msg.fields["orderId"]
     # Invoice first, then remember the order: a crash in between issues the
     # invoice again on redelivery (at-least-once), never loses it.
-    if not await orders.is_billed(order_id):
-        await invoices.issue(order_id, msg.fields.get("amount", "0"))
-    await orders.mark_billed(order_id)
+    if not await orders.is_billed(order.order_id):
+        await invoices.issue(order)
+    await orders.mark_billed(order.order_id)
     await msg.ack()

@@ -378,3 +378,15 @@ async def serving(app: Any) -> AsyncIterator[Any]:
             yield app
         finally:
             app.shutdown()
+
+
+# -- dead letters ------------------------------------------------------------------------
+
+
+def text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def dead_letters(redis: Any, key: str) -> list[dict[str, str]]:
+    """The entries of a dead-letter stream, decoded, oldest first."""
+    return [{text(k): text(v) for k, v in fields.items()} for _, fields in await redis.xrange(key)]

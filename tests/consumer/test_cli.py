@@ -1,7 +1,9 @@
-"""``streamkit run``: bad targets fail fast with one line and exit status 2."""
+"""``streamkit run``: bad targets fail fast with one line and exit status 2;
+``streamkit dlq``: list and replay dead letters."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,11 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import pytest
 
+from streamkit.failure import dead_letter_fields, dead_letter_key
+from streamkit.routing import shard_for_key
 from streamkit.testing import RedisTarget, free_port
 
-from .support import REPO, app_env
+from .support import REPO, Admin, app_env
 
 
 def run(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -202,3 +207,53 @@ def test_unknown_group_is_one_clear_line(coordinator: Any, any_redis: RedisTarge
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "no consumer group 'nobody'" in last, result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
+async def test_dlq_list_and_replay(
+    coordinator: Any, any_redis: RedisTarget, admin: Admin, redis: Any, names: tuple[str, str]
+) -> None:
+    prefix, group = names
+    await admin.create_group(prefix, group, 4)
+    dlq = dead_letter_key(prefix, group)
+    letters = []
+    for n, key in enumerate(["alpha", "beta", "gamma"]):
+        shard = shard_for_key(key, 4)
+        fields = dead_letter_fields(
+            {b"payload": json.dumps({"id": key, "n": n}).encode(), b"kind": b"order"},
+            stream_key=f"{prefix}:{shard}",
+            entry_id=f"{n + 1}-0",
+            consumer_group=group,
+            attempts=5,
+            error="RuntimeError: boom",
+        )
+        letters.append((await redis.xadd(dlq, fields)).decode())
+    env = app_env(coordinator, any_redis, base="dlq", prefix=prefix, group=group,
+                  record=Path(os.devnull))  # fmt: skip
+
+    listed = await anyio.to_thread.run_sync(lambda: run("dlq", "list", prefix, group, "--json",
+                                                        env=env))  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [r["id"] for r in rows] == letters
+    assert rows[0]["originalId"] == "1-0" and rows[0]["attempts"] == 5
+    assert rows[0]["fields"] == {"payload": '{"id": "alpha", "n": 0}', "kind": "order"}
+
+    # One back to its original shard stream, the others routed by their key.
+    first = await anyio.to_thread.run_sync(
+        lambda: run("dlq", "replay", prefix, group, "--id", letters[0], env=env)
+    )
+    assert first.returncode == 0, first.stderr
+    rest = await anyio.to_thread.run_sync(
+        lambda: run("dlq", "replay", prefix, group, "--payload-key", "id", env=env)
+    )
+    assert rest.returncode == 0, rest.stderr
+    assert await redis.xlen(dlq) == 0
+    for key in ("alpha", "beta", "gamma"):
+        entries = await redis.xrange(f"{prefix}:{shard_for_key(key, 4)}")
+        payloads = [json.loads(f[b"payload"])["id"] for _, f in entries]
+        assert payloads.count(key) == 1, (key, payloads)
+        (fields,) = [f for _, f in entries if json.loads(f[b"payload"])["id"] == key]
+        assert not any(name.startswith(b"x-") for name in fields)  # metadata dropped
+    empty = await anyio.to_thread.run_sync(lambda: run("dlq", "list", prefix, group, env=env))
+    assert empty.returncode == 0 and "no dead letters" in empty.stderr

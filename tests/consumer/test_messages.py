@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from streamkit import Message, StreamKit
+from streamkit.failure import FailurePolicy, dead_letter_key
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
@@ -41,7 +42,9 @@ async def test_ack_ack_del_nack_and_failures(
 
     app = StreamKit(**in_process_settings(coordinator, any_redis, "settle"))
 
-    @app.stream_listener(stream_prefix=prefix, group=group, batch_size=4)
+    policy = FailurePolicy(max_attempts=2, backoff_initial_ms=10)
+
+    @app.stream_listener(stream_prefix=prefix, group=group, batch_size=4, failure_policy=policy)
     async def handle(msg: Message) -> None:
         do = msg.fields["do"]
         calls.append((do, msg.id, msg.redelivered))
@@ -55,23 +58,24 @@ async def test_ack_ack_del_nack_and_failures(
         else:
             raise RuntimeError("boom")
 
-    caplog.set_level(logging.ERROR, logger="streamkit.poller")
+    caplog.set_level(logging.WARNING, logger="streamkit.poller")
     with anyio.fail_after(20):
         async with serving(app):
             await eventually(lambda: any(c[1] == after for c in calls), 10, "the last entry")
             await eventually(lambda: ("nack", nacked, True) in calls, 10, "the nacked entry again")
-            await eventually(
-                lambda: _pending(redis, key, group, 1), 5, "only the failed entry pending"
-            )
+            await eventually(lambda: _pending(redis, key, group, 0), 5, "nothing pending")
     assert [c for c in calls if c[1] == nacked] == [("nack", nacked, False), ("nack", nacked, True)]
-    # A failing handler is not retried in a loop; its entry stays pending.
-    assert [c for c in calls if c[1] == failing] == [("raise", failing, False)]
-    summary = await redis.xpending(key, group)
-    assert summary["pending"] == 1 and summary["min"].decode() == failing
+    # A failing handler is retried by the policy, then dead-lettered (and acked).
+    assert [c for c in calls if c[1] == failing] == [
+        ("raise", failing, False),
+        ("raise", failing, True),
+    ]
+    (letter,) = await redis.xrange(dead_letter_key(prefix, group))
+    assert letter[1][b"x-original-id"].decode() == failing
     # ack_del removed its entries from the stream (XACK+XDEL in one MULTI on 7.x).
     remaining = {entry_id.decode() for entry_id, _ in await redis.xrange(key)}
     assert not remaining & set(ids["ack_del"])
-    assert set(ids["ack"]) | {nacked, failing, after} <= remaining
+    assert set(ids["ack"]) | {nacked, failing, after} <= remaining  # dead-lettered, not deleted
     failure = next(r for r in caplog.records if "handler failed" in r.getMessage())
     text = failure.getMessage()
     assert key in text and failing in text and "settle-m0" in logical(text)
@@ -95,12 +99,15 @@ async def test_sync_handler_with_auto_ack_and_unordered_batches(
     await admin.create_group(prefix, group, 1)
     good = [await add(redis, key, "ok") for _ in range(20)]
     bad = await add(redis, key, "raise")
+    policy = FailurePolicy(max_attempts=1)
     threads: set[int] = set()
     seen: list[str] = []
 
     app = StreamKit(**in_process_settings(coordinator, any_redis, "sync"))
 
-    @app.stream_listener(stream_prefix=prefix, group=group, auto_ack=True, ordered=False)
+    @app.stream_listener(
+        stream_prefix=prefix, group=group, auto_ack=True, ordered=False, failure_policy=policy
+    )
     def handle(msg: Message) -> None:  # plain def: runs in a worker thread
         threads.add(threading.get_ident())
         seen.append(msg.id)
@@ -110,8 +117,10 @@ async def test_sync_handler_with_auto_ack_and_unordered_batches(
     with anyio.fail_after(20):
         async with serving(app):
             await eventually(lambda: len(seen) == 21, 10, "every entry handled")
-            await eventually(lambda: _pending(redis, key, group, 1), 5, "auto-acked")
+            await eventually(lambda: _pending(redis, key, group, 0), 5, "auto-acked")
     assert threading.get_ident() not in threads
     assert sorted(seen) == sorted([*good, bad])
-    summary = await redis.xpending(key, group)
-    assert summary["min"].decode() == bad
+    # One attempt only: the failed entry went straight to the dead-letter stream.
+    (letter,) = await redis.xrange(dead_letter_key(prefix, group))
+    assert letter[1][b"x-original-id"].decode() == bad
+    assert letter[1][b"x-error"] == b"ValueError: bad entry"

@@ -22,6 +22,8 @@ from typing import Any
 import anyio
 import pytest
 
+from streamkit import Message, StreamKit
+from streamkit.failure import FailurePolicy
 from streamkit.routing_cache import RoutingUnavailable
 from streamkit.testing import AsyncRedisClient, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -301,3 +303,48 @@ async def test_per_key_order_across_a_scale(
     report(f"order[{ordering}].duplicates", duplicates(sink))
     if ordering == "key":
         assert not out_of_order, out_of_order
+
+
+@pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
+async def test_scale_in_completes_with_a_poison_entry_on_a_removed_shard(
+    coord: CoordinatorProcess,
+    any_redis: RedisTarget,
+    admin: Admin,
+    r: AsyncRedisClient,
+    prefix: str,
+) -> None:
+    """A removed shard stays assigned until it is proven drained; its poison
+    entry is retried, dead-lettered and acked, so the proof passes and the
+    scale-in completes."""
+    await admin.create_group(prefix, "g", 4)
+    tries: list[int] = []
+    handled: list[str] = []
+    app = StreamKit(**client_settings(coord, any_redis, "poisoned"))
+
+    @app.stream_listener(
+        stream_prefix=prefix,
+        group="g",
+        failure_policy=FailurePolicy(max_attempts=4, backoff_initial_ms=400, jitter=0.0),
+    )
+    async def handle(msg: Message) -> None:
+        if "poison" in msg.fields:
+            tries.append(msg.attempt)
+            raise RuntimeError("poison")
+        handled.append(f"{msg.stream_key}/{msg.id}")
+        await msg.ack()
+
+    removed = f"{prefix}:3"
+    published = [f"{prefix}:{s}/{await r.xadd(f'{prefix}:{s}', {'n': str(s)})}" for s in range(4)]
+    poison = await r.xadd(removed, {"poison": "1"})
+    published.append(f"{removed}/{await r.xadd(removed, {'n': 'after'})}")
+    async with serving(app):
+        await settled(admin, prefix, "g", 1, 4)
+        await eventually(lambda: _true(tries == [1]), 10, "the first attempt")
+        rid = await admin.scale_ok(prefix, 3)
+        await admin.wait_state(prefix, ["g"], rid, "DEPRECATED", within=20)
+    assert tries == [1, 2, 3, 4]
+    assert await r.exists(removed) == 0
+    assert sorted(handled) == sorted(published)
+    ((_, letter),) = await r.xrange(f"{prefix}:dlq:g")
+    assert letter["x-original-stream"] == removed and letter["x-original-id"] == poison
+    assert letter["x-attempts"] == "4"

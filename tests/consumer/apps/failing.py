@@ -1,0 +1,36 @@
+"""A ``streamkit run`` app whose handler fails on entries with a ``poison`` field.
+
+The failure policy comes from ``SKT_*`` variables.  Every handler call is
+written as ``H <stream key>/<id> <member> <attempt>`` (line-buffered, so a
+SIGKILL loses nothing already written).
+"""
+
+from __future__ import annotations
+
+import os
+
+from streamkit import Message, StreamKit
+from streamkit.failure import FailurePolicy
+
+record = open(os.environ["SKT_RECORD"], "a", buffering=1)
+
+app = StreamKit()
+
+
+@app.stream_listener(
+    stream_prefix=os.environ["SKT_PREFIX"],
+    group=os.environ["SKT_GROUP"],
+    batch_size=int(os.environ.get("SKT_BATCH", "10")),
+    failure_policy=FailurePolicy(
+        max_attempts=int(os.environ["SKT_MAX_ATTEMPTS"]),
+        backoff_initial_ms=int(os.environ["SKT_BACKOFF_MS"]),
+        backoff_max_ms=60_000,
+        backoff_multiplier=float(os.environ.get("SKT_MULTIPLIER", "2")),
+        jitter=0.0,
+    ),
+)
+async def handle(msg: Message) -> None:
+    record.write(f"H {msg.stream_key}/{msg.id} {msg.member_id} {msg.attempt}\n")
+    if "poison" in msg.fields:
+        raise RuntimeError("poison")
+    await msg.ack()
