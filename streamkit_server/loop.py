@@ -25,7 +25,7 @@ from streamkit_server.gate import CoordinatorTerminating
 from streamkit_server.mutex import MutexTimeout
 from streamkit_server.resharding import ReshardingService
 from streamkit_server.service import CoordinatorService, now_ms
-from streamkit_server.store import Loaded, StoreError
+from streamkit_server.store import StoreError
 
 __all__ = ["TickLoop"]
 
@@ -100,7 +100,7 @@ class TickLoop:
             streams.setdefault(prefix, []).append(group)
             try:
                 loaded = await store.load(keys)
-                if not isinstance(loaded, Loaded):
+                if loaded is None:
                     continue
                 if loaded.group.active_migration() is not None:
                     migrating.add(prefix)

@@ -42,18 +42,20 @@ from streamkit_server.core import (
     MigrationRecord,
     ReshardingRejected,
     ReshardingWork,
+    Result,
     apply_drain_probe,
     apply_retirement,
     complete_provisioning,
     fail_provisioning,
     pending_work,
+    result_of,
     rollback_resharding,
     start_resharding,
 )
 from streamkit_server.drain import DrainProber, DrainResult
 from streamkit_server.errors import ApiError
-from streamkit_server.service import CoordinatorService, Deletion, group_not_found, now_ms
-from streamkit_server.store import GroupKeys, Loaded
+from streamkit_server.service import CoordinatorService, Operation, group_not_found, now_ms
+from streamkit_server.store import GroupKeys
 from streamkit_server.streams import (
     Ordering,
     StreamLock,
@@ -73,22 +75,19 @@ MAX_SHARD_COUNT: Final = 65_536
 _Step = Callable[[GroupMetadata, int], GroupMetadata]
 
 
-class CoreStep:
-    """A ``GroupOp`` applying one pure core function to a group."""
+def core_step(keys: GroupKeys, step: _Step) -> Operation[GroupMetadata]:
+    """An ``Operation`` applying one pure core step; answers the group after it."""
 
-    def __init__(self, keys: GroupKeys, step: _Step) -> None:
-        self.keys = keys
-        self.step = step
-        self.group: GroupMetadata | None = None
-
-    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+    def op(group: GroupMetadata | None, now: int) -> Result[GroupMetadata]:
         if group is None:
-            raise group_not_found(self.keys)
+            raise group_not_found(keys)
         try:
-            self.group = self.step(group, now)
+            after = step(group, now)
         except ReshardingRejected as exc:
             raise ApiError(exc.status_code, exc.error_code, str(exc)) from exc
-        return self.group
+        return result_of(group, after, after)
+
+    return op
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,15 +375,13 @@ class ReshardingService:
         out: dict[str, GroupMetadata] = {}
         for name in names:
             loaded = await self.service.store.load(self.service.keys(stream_prefix, name))
-            if isinstance(loaded, Loaded):  # a deleted group simply drops out
+            if loaded is not None:  # a deleted group simply drops out
                 out[name] = loaded.group
         return out
 
     async def _step(self, stream_prefix: str, name: str, step: _Step) -> GroupMetadata:
-        op = CoreStep(self.service.keys(stream_prefix, name), step)
-        await self.service.executor.submit(op.keys, op)
-        assert op.group is not None
-        return op.group
+        keys = self.service.keys(stream_prefix, name)
+        return await self.service.executor.submit(keys, core_step(keys, step))
 
     async def _abandon(
         self, prefix: str, rid: str, started: Sequence[str], error: ApiError

@@ -5,8 +5,10 @@ Every mutation of a group runs through ``GroupExecutor.submit``:
 1. a per-process, per-group ``asyncio.Lock`` (the "local monitor" of seed 000)
    so requests of one process queue locally instead of spinning on Redis;
 2. the group mutex in Redis, taken together with the load (one Lua script);
-3. the pure core (``handle_heartbeat`` / ``tick``) on the loaded value;
-4. a revision CAS write that also releases the mutex;
+3. the pure core (``handle_heartbeat`` / ``tick`` / ...) on the loaded value,
+   which returns ``Result(state, changes, response)``;
+4. a revision CAS write of ``changes`` (only the member records, for a steady
+   heartbeat) that also releases the mutex;
 5. only then the answers.
 
 Heartbeats that queue up behind the local lock while a critical section runs
@@ -25,9 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final, Protocol
+from typing import Any, Final, TypeAlias, TypeVar
 
 from streamkit.protocol import (
     CreateGroupRequest,
@@ -44,11 +46,22 @@ from streamkit_server import views
 from streamkit_server.core import (
     LAYOUT_VERSION,
     SCHEMA_VERSION,
+    Change,
     CoordinatorConfig,
+    GroupCreated,
+    GroupDeleted,
+    GroupDocumentChanged,
     GroupMetadata,
+    MemberUpserted,
+    Result,
+    Seen,
     begin_correction,
     handle_heartbeat,
+    merge_changes,
     new_group,
+    observe,
+    result_of,
+    steady,
     tick,
 )
 from streamkit_server.errors import ApiError
@@ -67,11 +80,13 @@ from streamkit_server.streams import (
     stream_group_names,
 )
 
-__all__ = ["CoordinatorService", "Deletion", "GroupExecutor", "GroupOp", "now_ms"]
+__all__ = ["CoordinatorService", "GroupExecutor", "Operation", "now_ms"]
 
 log = logging.getLogger("streamkit_server.service")
 
 _MAX_ATTEMPTS: Final = 4
+
+R = TypeVar("R")
 
 
 def now_ms() -> int:
@@ -80,21 +95,10 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class Deletion:
-    """Returned by an op to delete the group (CAS on the loaded revision)."""
-
-
-DELETE: Final = Deletion()
-
-
-class GroupOp(Protocol):
-    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
-        """Next state: the same object for "no change", ``None`` only if ``group`` is None.
-
-        May raise ``ApiError``: the op then fails alone and leaves the group as
-        it was.
-        """
-        ...
+#: One group operation: the current state (``None``: no such group) and the
+#: time in, a core ``Result`` out.  May raise ``ApiError``: the operation then
+#: fails alone and leaves the group as it was.
+Operation: TypeAlias = Callable[[GroupMetadata | None, int], Result[R]]
 
 
 def group_not_found(keys: GroupKeys) -> ApiError:
@@ -117,8 +121,8 @@ def group_already_exists(keys: GroupKeys) -> ApiError:
 
 @dataclass
 class _Item:
-    op: GroupOp
-    future: asyncio.Future[None]
+    op: Operation[Any]
+    future: asyncio.Future[Any]
 
 
 @dataclass
@@ -134,9 +138,12 @@ class GroupExecutor:
         self.config = settings.coordinator_config()
         self.metrics = metrics
         self._lanes: dict[str, _Lane] = {}
+        # The highest revision this process loaded under the mutex or wrote,
+        # per group: a lower one later means Redis lost writes.
+        self._seen: dict[str, Seen] = {}
 
-    async def submit(self, keys: GroupKeys, op: GroupOp) -> None:
-        """Run ``op`` in a critical section of its group; raises what the op failed with."""
+    async def submit(self, keys: GroupKeys, op: Operation[R]) -> R:
+        """Run ``op`` in a critical section of its group; its response, or what it raised."""
         lane = self._lanes.get(keys.metadata)
         if lane is None:
             lane = self._lanes[keys.metadata] = _Lane()
@@ -146,7 +153,13 @@ class GroupExecutor:
             if not item.future.done():
                 batch, lane.pending = lane.pending, []
                 await _finish_even_if_cancelled(self._run(keys, batch))
-        item.future.result()
+        response: R = item.future.result()
+        return response
+
+    def forget(self, keys: GroupKeys) -> None:
+        """The group is being recreated: a new lifecycle, nothing to compare with."""
+        self.store.forget(keys)
+        self._seen.pop(keys.metadata, None)
 
     async def _run(self, keys: GroupKeys, batch: list[_Item]) -> None:
         self.metrics.batch_size.observe(len(batch))
@@ -162,6 +175,25 @@ class GroupExecutor:
             if not isinstance(exc, Exception):
                 raise
 
+    def _observe(self, keys: GroupKeys, group: GroupMetadata, revision: int) -> int | None:
+        """Remember ``revision``; the version to correct from when Redis went back."""
+        seen = self._seen.get(keys.metadata)
+        observation = observe(
+            seen, group.created_at_ms, revision, group.metadata_version, locked=True
+        )
+        self._seen[keys.metadata] = observation.seen
+        if observation.regressed_from_version is not None and seen is not None:
+            self.metrics.metadata_regression.inc()
+            log.warning(
+                "metadata revision regression for %s: this process saw revision %d, "
+                "Redis now holds %d (lost writes, failover or restore); "
+                "opening a metadata correction round",
+                keys.metadata,
+                seen.revision,
+                revision,
+            )
+        return observation.regressed_from_version
+
     async def _attempt(self, keys: GroupKeys, batch: list[_Item]) -> bool:
         """One load/apply/write round; False when the CAS lost and it must be rerun."""
         token = self.store.new_token()
@@ -172,45 +204,57 @@ class GroupExecutor:
         try:
             now = now_ms()
             before = loaded.group if loaded is not None else None
-            state: GroupMetadata | Deletion | None = before
-            if loaded is not None and loaded.regressed_from_version is not None:
-                # This process wrote a later revision than Redis now holds: open
-                # the correction round itself instead of waiting for a client to
-                # report a higher version (no shard moves for one member lease).
-                state = begin_correction(
-                    loaded.group, now, self.config, loaded.regressed_from_version
-                )
-            errors: dict[int, BaseException] = {}
+            state = before
+            changes: list[tuple[Change, ...]] = []
+            if loaded is not None:
+                regressed = self._observe(keys, loaded.group, loaded.revision)
+                if regressed is not None:
+                    # This process wrote a later revision than Redis now holds:
+                    # open the correction round itself instead of waiting for a
+                    # client to report a higher version (no shard moves for one
+                    # member lease).
+                    opened = result_of(
+                        before, begin_correction(loaded.group, now, self.config, regressed), None
+                    )
+                    state = opened.state
+                    changes.append(opened.changes)
+            outcomes: dict[int, Any] = {}
             for position, item in enumerate(batch):
-                if isinstance(state, Deletion):
-                    errors[position] = group_not_found(keys)
-                    continue
                 try:
-                    state = item.op.apply(state, now)
+                    result = item.op(state, now)
                 except ApiError as exc:
-                    errors[position] = exc
-            if state is before:
+                    outcomes[position] = exc
+                    continue
+                state = result.state
+                changes.append(result.changes)
+                outcomes[position] = result.response
+            merged = merge_changes(changes)
+            if not merged and loaded is not None and loaded.layout_version != LAYOUT_VERSION:
+                merged = (GroupDocumentChanged(),)  # upgrade in place, under the mutex
+            if not merged:
                 committed = True  # nothing to write; the mutex is released below
                 await self._release(loaded, keys, token)
-            elif isinstance(state, Deletion):
+            elif state is None:
                 assert loaded is not None
                 committed = await self.store.delete(loaded, token)
                 if not committed:
                     self.metrics.state_conflicts.inc()
                     return False
+                self._seen.pop(keys.metadata, None)
             else:
-                assert state is not None
-                result = await self.store.commit(loaded, keys, state, token)
+                written = await self.store.commit(loaded, keys, state, merged, token)
                 committed = True  # the script released the mutex either way
-                if not result.ok:
+                if not written.ok:
                     log.warning("storeRevision conflict on %s; rerunning", keys.metadata)
                     return False
-                self._after_write(keys, before, state)
+                self._observe(keys, state, written.revision or 0)
+                self._after_write(keys, before, state, merged)
             for position, item in enumerate(batch):
-                if position in errors:
-                    _fail(item, errors[position])
+                outcome = outcomes.get(position)
+                if isinstance(outcome, BaseException):
+                    _fail(item, outcome)
                 elif not item.future.done():
-                    item.future.set_result(None)
+                    item.future.set_result(outcome)
             return True
         finally:
             if not committed and loaded is not None:
@@ -222,17 +266,26 @@ class GroupExecutor:
             await self.store.release(keys.mutex, token)
 
     def _after_write(
-        self, keys: GroupKeys, before: GroupMetadata | None, after: GroupMetadata
+        self,
+        keys: GroupKeys,
+        before: GroupMetadata | None,
+        after: GroupMetadata,
+        changes: Sequence[Change],
     ) -> None:
         old = before.members if before is not None else {}
-        for member_id, member in after.members.items():
-            previous = old.get(member_id)
+        for change in changes:
+            if not isinstance(change, MemberUpserted):
+                continue
+            member = change.member
+            previous = old.get(member.member_id)
             if previous is None or previous.state is member.state:
                 continue
             if member.state is MemberState.EXPIRED:
                 self.metrics.member_expired.inc()
             elif member.state is MemberState.FENCED:
                 self.metrics.member_fenced.inc()
+        if steady(changes):
+            return  # member records only: ownership did not change
         problems = views.invariant_violations(after)
         if problems:
             self.metrics.invariant_violations.inc(len(problems))
@@ -272,74 +325,61 @@ async def _finish_even_if_cancelled(aw: Awaitable[None]) -> None:
     task.result()
 
 
-# -- ops -------------------------------------------------------------------------
+# -- operations ----------------------------------------------------------------------
+# Each builds an ``Operation`` from its (immutable) inputs; the executor runs it
+# and hands back its response.  Nothing is read back from them after submit.
 
 
-class HeartbeatOp:
-    def __init__(
-        self,
-        keys: GroupKeys,
-        member_id: str,
-        request: HeartbeatRequest,
-        config: CoordinatorConfig,
-        metrics: Metrics,
-    ) -> None:
-        self.keys = keys
-        self.member_id = member_id
-        self.request = request
-        self.config = config
-        self.metrics = metrics
-        self.response: HeartbeatResponse | None = None
-
-    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+def heartbeat_op(
+    keys: GroupKeys,
+    member_id: str,
+    request: HeartbeatRequest,
+    config: CoordinatorConfig,
+    metrics: Metrics,
+) -> Operation[HeartbeatResponse]:
+    def op(group: GroupMetadata | None, now: int) -> Result[HeartbeatResponse]:
         if group is None:
-            self.metrics.metadata_missing.inc()
-            raise group_not_found(self.keys)
-        if self.request.metadata_version > group.metadata_version:
-            self.metrics.metadata_version_ahead.inc()
-        outcome = handle_heartbeat(group, self.member_id, self.request, now, self.config)
-        self.response = outcome.response
-        return outcome.group
+            metrics.metadata_missing.inc()
+            raise group_not_found(keys)
+        if request.metadata_version > group.metadata_version:
+            metrics.metadata_version_ahead.inc()
+        return handle_heartbeat(group, member_id, request, now, config)
+
+    return op
 
 
-class TickOp:
-    def __init__(self, config: CoordinatorConfig) -> None:
-        self.config = config
-        self.changed = False
+def tick_op(config: CoordinatorConfig) -> Operation[bool]:
+    """Answers whether anything was due."""
 
-    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+    def op(group: GroupMetadata | None, now: int) -> Result[bool]:
         if group is None:
-            return None
-        after = tick(group, now, self.config)
-        self.changed = after is not group
-        return after
+            return Result(None, (), False)
+        after = tick(group, now, config)
+        result = result_of(group, after, False)
+        return Result(result.state, result.changes, result.changed)
+
+    return op
 
 
-class CreateGroupOp:
-    def __init__(self, keys: GroupKeys, layout: Sequence[int]) -> None:
-        self.keys = keys
-        self.layout = list(layout)
-        self.group: GroupMetadata | None = None
-
-    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+def create_group_op(keys: GroupKeys, layout: Sequence[int]) -> Operation[GroupMetadata]:
+    def op(group: GroupMetadata | None, now: int) -> Result[GroupMetadata]:
         if group is not None:
-            raise group_already_exists(self.keys)
-        fresh = new_group(self.keys.stream_prefix, self.keys.consumer_group, len(self.layout), now)
+            raise group_already_exists(keys)
+        fresh = new_group(keys.stream_prefix, keys.consumer_group, len(layout), now)
         # The stream's current layout, which after an ordered reshard is not
         # the identity new_group assumes.
-        self.group = fresh.model_copy(update={"layout": self.layout})
-        return self.group
+        created = fresh.model_copy(update={"layout": list(layout)})
+        return Result(created, (GroupCreated(),), created)
+
+    return op
 
 
-class DeleteGroupOp:
-    def __init__(self, keys: GroupKeys, force: bool) -> None:
-        self.keys = keys
-        self.force = force
-        self.snapshot: GroupMetadata | None = None
+def delete_group_op(keys: GroupKeys, force: bool) -> Operation[GroupMetadata]:
+    """Answers the group as it was before the deletion."""
 
-    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+    def op(group: GroupMetadata | None, now: int) -> Result[GroupMetadata]:
         if group is None:
-            raise group_not_found(self.keys)
+            raise group_not_found(keys)
         if group.active_migration() is not None:
             # Its Redis consumer groups take part in the drain proof of the
             # migration's removed shards; deleting mid-way would strand it.
@@ -350,15 +390,16 @@ class DeleteGroupOp:
                 "or roll it back, then delete",
             )
         live = group.live_member_ids()
-        if (live or group.owners) and not self.force:
+        if (live or group.owners) and not force:
             raise ApiError(
                 422,
                 "GROUP_NOT_INACTIVE",
                 f"group has {len(live)} live members and {len(group.owners)} held shards; "
                 "let the members leave first, or pass force=true for recovery",
             )
-        self.snapshot = group
-        return DELETE
+        return Result(None, (GroupDeleted(),), group)
+
+    return op
 
 
 # -- the service -------------------------------------------------------------------
@@ -390,12 +431,10 @@ class CoordinatorService:
         self, keys: GroupKeys, member_id: str, request: HeartbeatRequest
     ) -> HeartbeatResponse:
         started = time.perf_counter()
-        op = HeartbeatOp(keys, member_id, request, self.config, self.metrics)
+        op = heartbeat_op(keys, member_id, request, self.config, self.metrics)
         try:
             async with self.gate.critical():
-                await self.executor.submit(keys, op)
-            assert op.response is not None
-            response = op.response
+                response = await self.executor.submit(keys, op)
         except MutexTimeout:
             # Not an HTTP error: the member simply heartbeats again.
             response = HeartbeatResponse(
@@ -413,11 +452,10 @@ class CoordinatorService:
     # -- tick ----------------------------------------------------------------------
 
     async def tick_group(self, keys: GroupKeys) -> bool:
-        op = TickOp(self.config)
-        await self.executor.submit(keys, op)
-        if op.changed:
+        changed = await self.executor.submit(keys, tick_op(self.config))
+        if changed:
             self.metrics.ticks.inc()
-        return op.changed
+        return changed
 
     # -- admin -----------------------------------------------------------------------
 
@@ -504,26 +542,22 @@ class CoordinatorService:
             else:
                 changed = fresh.layout_fields() if record.layout != fresh.layout else {}
                 await self.store.update_stream_record(prefix, {**changed, **fresh.groups_field()})
-            op = CreateGroupOp(keys, layout)
-            self.store.forget(keys)
-            await self.executor.submit(keys, op)
+            self.executor.forget(keys)
+            created = await self.executor.submit(keys, create_group_op(keys, layout))
             await self.store.add_to_index(keys)
-        assert op.group is not None
-        return views.group_response(op.group)
+        return views.group_response(created)
 
     async def delete_group(self, keys: GroupKeys, request: DeleteGroupRequest) -> GroupResponse:
-        op = DeleteGroupOp(keys, request.force)
         prefix = keys.stream_prefix
         async with self.gate.critical(), self._stream_lock(prefix):
-            await self.executor.submit(keys, op)
+            snapshot = await self.executor.submit(keys, delete_group_op(keys, request.force))
             record = await read_record(self.store, prefix)
             if record is not None and keys.consumer_group in record.groups:
                 rest = tuple(g for g in record.groups if g != keys.consumer_group)
                 await self.store.update_stream_record(
                     prefix, replace(record, groups=rest).groups_field()
                 )
-        assert op.snapshot is not None
-        return views.group_response(op.snapshot)
+        return views.group_response(snapshot)
 
     async def _refuse_collisions(self, stream_prefix: str, shards: Sequence[int]) -> None:
         collisions = await self.provisioner.collisions(stream_prefix, shards)
@@ -565,7 +599,7 @@ class CoordinatorService:
             if name == exclude:
                 continue
             loaded = await self.store.load(self.keys(stream_prefix, name))
-            if isinstance(loaded, Loaded):
+            if loaded is not None:
                 groups.append(loaded.group)
         return groups
 
@@ -578,15 +612,14 @@ class CoordinatorService:
 
     async def read_group(self, keys: GroupKeys) -> GroupMetadata:
         loaded = await self.store.load(keys)
-        if loaded is None or loaded is False:
+        if loaded is None:
             raise group_not_found(keys)
-        assert isinstance(loaded, Loaded)
         return loaded.group
 
     async def list_groups(self) -> list[GroupMetadata]:
         groups = []
         for prefix, group in await self.store.indexed_groups():
             loaded = await self.store.load(self.keys(prefix, group))
-            if isinstance(loaded, Loaded):  # a vanished key is skipped, never rebuilt
+            if loaded is not None:  # a vanished key is skipped, never rebuilt
                 groups.append(loaded.group)
         return groups
