@@ -370,12 +370,16 @@ class MetadataStore:
         document = whole or not steady(changes)
         revision = 1 if loaded is None else loaded.revision + 1
         write_id = secrets.token_hex(8)
-        updated_at = _now_iso()
-        sets = ["revision", str(revision), "writeId", write_id, "updatedAt", updated_at]
+        # Stamped on document writes only: a steady heartbeat sends no more
+        # than it must (its member record carries its own time).
+        updated_at = _now_iso() if document or loaded is None else loaded.updated_at
+        sets = ["revision", str(revision), "writeId", write_id]
         deletes: list[str] = []
         written: list[str] = []
         if document:
             sets += [
+                "updatedAt",
+                updated_at,
                 "group",
                 group.model_dump_json(by_alias=True, exclude={"members"}),
                 "schemaVersion",
@@ -385,7 +389,7 @@ class MetadataStore:
             ]
         if whole:
             for member_id, member in group.members.items():
-                sets += [f"m:{member_id}", member.model_dump_json(by_alias=True)]
+                sets += [f"m:{member_id}", _member_json(member)]
             if loaded is not None:
                 deletes.append("aggregate")  # the v1 layout's single field
         else:
@@ -393,7 +397,7 @@ class MetadataStore:
                 if isinstance(change, MemberUpserted):
                     member_id = change.member.member_id
                     member = group.members[member_id]
-                    sets += [f"m:{member_id}", member.model_dump_json(by_alias=True)]
+                    sets += [f"m:{member_id}", _member_json(member)]
                     written.append(member_id)
                 elif isinstance(change, MemberRemoved):
                     deletes.append(f"m:{change.member_id}")
@@ -431,7 +435,9 @@ class MetadataStore:
 
     @staticmethod
     def new_token() -> str:
-        return secrets.token_hex(16)
+        # 64 random bits: unique among the holders of one mutex, and short,
+        # since it is sent twice per heartbeat.
+        return secrets.token_hex(8)
 
     async def try_lock(self, key: str, token: str, ttl_ms: int) -> bool:
         return bool(await self.client.set(key, token, nx=True, px=ttl_ms))
@@ -514,6 +520,12 @@ def _parse_full(flat: Sequence[Any]) -> GroupMetadata:
     group = GroupMetadata.model_validate_json(document)
     group.members = members
     return group
+
+
+def _member_json(member: MemberMetadata) -> str:
+    # Every field, so fields added later are carried; defaults are left out
+    # (parsing restores them), which halves a typical record.
+    return member.model_dump_json(by_alias=True, exclude_defaults=True)
 
 
 class _StaleCache(Exception):
