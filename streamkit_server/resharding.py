@@ -40,7 +40,6 @@ from streamkit_server.core import (
     CoordinatorConfig,
     GroupMetadata,
     MigrationRecord,
-    ReshardingRejected,
     ReshardingWork,
     Result,
     apply_drain_probe,
@@ -53,7 +52,7 @@ from streamkit_server.core import (
     start_resharding,
 )
 from streamkit_server.drain import DrainProber, DrainResult
-from streamkit_server.errors import ApiError
+from streamkit_server.errors import CoordinatorError, Rejected
 from streamkit_server.service import CoordinatorService, Operation, group_not_found, now_ms
 from streamkit_server.store import GroupKeys
 from streamkit_server.streams import (
@@ -81,10 +80,7 @@ def core_step(keys: GroupKeys, step: _Step) -> Operation[GroupMetadata]:
     def op(group: GroupMetadata | None, now: int) -> Result[GroupMetadata]:
         if group is None:
             raise group_not_found(keys)
-        try:
-            after = step(group, now)
-        except ReshardingRejected as exc:
-            raise ApiError(exc.status_code, exc.error_code, str(exc)) from exc
+        after = step(group, now)
         return result_of(group, after, after)
 
     return op
@@ -103,8 +99,7 @@ def find_migration(group: GroupMetadata, resharding_id: str) -> MigrationRecord:
     for migration in group.migrations:
         if migration.resharding_id == resharding_id:
             return migration
-    raise ApiError(
-        404,
+    raise CoordinatorError(
         "MIGRATION_NOT_FOUND",
         f"group {group.consumer_group!r} of stream {group.stream_prefix!r} has no migration "
         f"{resharding_id!r}",
@@ -140,8 +135,7 @@ class ReshardingService:
     ) -> ScaleOutcome:
         """Scale every group of the stream; ``group`` must be one of them when given."""
         if not 0 <= target <= MAX_SHARD_COUNT:
-            raise ApiError(
-                400,
+            raise CoordinatorError(
                 "INVALID_TARGET_SHARD_COUNT",
                 f"targetShardCount must be 0..{MAX_SHARD_COUNT}, got {target}",
             )
@@ -155,11 +149,10 @@ class ReshardingService:
                 raise group_not_found(service.keys(stream_prefix, group))
             if not groups:
                 if record is None:
-                    raise ApiError(
-                        404, "STREAM_NOT_FOUND", f"stream {stream_prefix!r} does not exist"
+                    raise CoordinatorError(
+                        "STREAM_NOT_FOUND", f"stream {stream_prefix!r} does not exist"
                     )
-                raise ApiError(
-                    409,
+                raise CoordinatorError(
                     "NO_CONSUMER_GROUPS",
                     f"stream {stream_prefix!r} has no consumer groups, so nothing routes to "
                     "it; create a group first",
@@ -184,8 +177,7 @@ class ReshardingService:
                 added = _added_shards(stream_prefix, rid, groups.values())
                 collisions = await service.provisioner.collisions(stream_prefix, added)
                 if collisions:
-                    raise ApiError(
-                        409,
+                    raise CoordinatorError(
                         "STREAM_KEYS_EXIST",
                         f"the new shard keys of stream {stream_prefix!r} already hold data "
                         f"nobody routed there: {', '.join(collisions[:5])}",
@@ -195,20 +187,19 @@ class ReshardingService:
                         await service.provisioner.provision(stream_prefix, added, name)
                 except (RedisError, OSError) as exc:
                     service.metrics.provisioning_failures.inc()
-                    raise ApiError(
-                        503,
+                    raise CoordinatorError(
                         "REDIS_STREAM_PROVISIONING_FAILED",
                         f"provisioning the new shard streams {added} of {stream_prefix!r} "
                         f"failed: {type(exc).__name__}: {exc}",
                     ) from exc
                 lock.check()
-            except ApiError as exc:
+            except Rejected as exc:
                 raise await self._abandon(stream_prefix, rid, started, exc) from exc
             except Exception as exc:
                 # Mutex timeouts, unusable metadata, Redis trouble: the groups
                 # already PREPARING must not stay half-started (they would end
                 # up on different layouts); the original error is answered.
-                interrupted = ApiError(503, "COORDINATOR_BUSY", f"scale interrupted: {exc}")
+                interrupted = CoordinatorError("COORDINATOR_BUSY", f"scale interrupted: {exc}")
                 await self._abandon(stream_prefix, rid, started, interrupted)
                 raise
             for name in names:
@@ -240,11 +231,8 @@ class ReshardingService:
                 if any(m.resharding_id == resharding_id for m in g.migrations)
             )  # fmt: skip
             now = now_ms()
-            for name in parts:  # dry run: all or nothing
-                try:
-                    rollback_resharding(groups[name], resharding_id, now, self.config)
-                except ReshardingRejected as exc:
-                    raise ApiError(exc.status_code, exc.error_code, str(exc)) from exc
+            for name in parts:  # dry run: all or nothing (raises ReshardingRejected)
+                rollback_resharding(groups[name], resharding_id, now, self.config)
             for name in parts:
                 groups[name] = await self._step(
                     prefix, name, _bind(rollback_resharding, resharding_id, self.config)
@@ -384,14 +372,14 @@ class ReshardingService:
         return await self.service.executor.submit(keys, core_step(keys, step))
 
     async def _abandon(
-        self, prefix: str, rid: str, started: Sequence[str], error: ApiError
-    ) -> ApiError:
+        self, prefix: str, rid: str, started: Sequence[str], error: Rejected
+    ) -> Rejected:
         """Fail the PREPARING migrations of a scale that cannot go on."""
         problem: str | None = None
         for name in started:
             try:
                 after = await self._step(prefix, name, _bind(fail_provisioning, rid, self.config))
-            except (ApiError, RedisError, OSError) as exc:
+            except (Rejected, RedisError, OSError) as exc:
                 problem = f"recording that failed for group {name!r} too ({exc})"
                 continue
             if _state(after, rid) is not MigrationState.ROLLED_BACK:
@@ -405,7 +393,7 @@ class ReshardingService:
                 f"; {problem}: the coordinator's tick loop finishes migration {rid} "
                 f"(GET .../migrations/{rid} shows its state)"
             )
-        return ApiError(error.status_code, error.error_code, error.message + note, error.headers)
+        return CoordinatorError(error.error_code, error.message + note)
 
     async def _sync_record(
         self,
@@ -465,8 +453,7 @@ def _refuse_active(stream_prefix: str, groups: Iterable[GroupMetadata]) -> None:
     for group in groups:
         active = group.active_migration()
         if active is not None:
-            raise ApiError(
-                409,
+            raise CoordinatorError(
                 "ACTIVE_MIGRATION_EXISTS",
                 f"stream {stream_prefix!r} already has migration {active.resharding_id} "
                 f"({active.state.value}, group {group.consumer_group!r}); wait for it to end "
@@ -488,8 +475,8 @@ def _start(
     config: CoordinatorConfig,
 ) -> GroupMetadata:
     if tuple(group.layout) != layout:
-        raise ApiError(
-            409, "LAYOUT_CHANGED", "the stream's layout changed during the request; retry"
+        raise CoordinatorError(
+            "LAYOUT_CHANGED", "the stream's layout changed during the request; retry"
         )
     return start_resharding(
         group, target, now, resharding_id=rid, requested_by=requested_by, reason=reason,
@@ -538,8 +525,7 @@ def _agreed(prefix: str, added: set[tuple[int, ...]]) -> list[int]:
     if len(added) > 1:
         # Fresh shard numbers come from each group's known shards; they agree
         # unless the groups' histories diverged.
-        raise ApiError(
-            503,
+        raise CoordinatorError(
             "LAYOUT_DIVERGED",
             f"the groups of stream {prefix!r} would add different shards {sorted(added)}",
         )

@@ -64,7 +64,7 @@ from streamkit_server.core import (
     steady,
     tick,
 )
-from streamkit_server.errors import ApiError
+from streamkit_server.errors import CoordinatorError, Rejected
 from streamkit_server.gate import TerminatingGate
 from streamkit_server.metrics import Metrics
 from streamkit_server.mutex import MutexTimeout, lock_and_load
@@ -96,14 +96,13 @@ def now_ms() -> int:
 
 
 #: One group operation: the current state (``None``: no such group) and the
-#: time in, a core ``Result`` out.  May raise ``ApiError``: the operation then
+#: time in, a core ``Result`` out.  May raise ``Rejected``: the operation then
 #: fails alone and leaves the group as it was.
 Operation: TypeAlias = Callable[[GroupMetadata | None, int], Result[R]]
 
 
-def group_not_found(keys: GroupKeys) -> ApiError:
-    return ApiError(
-        404,
+def group_not_found(keys: GroupKeys) -> CoordinatorError:
+    return CoordinatorError(
         "GROUP_NOT_FOUND",
         f"consumer group {keys.consumer_group!r} of stream {keys.stream_prefix!r} has no "
         f"coordinator metadata; create it with POST /coord/v1/streams/{keys.stream_prefix}"
@@ -111,9 +110,8 @@ def group_not_found(keys: GroupKeys) -> ApiError:
     )
 
 
-def group_already_exists(keys: GroupKeys) -> ApiError:
-    return ApiError(
-        409,
+def group_already_exists(keys: GroupKeys) -> CoordinatorError:
+    return CoordinatorError(
         "GROUP_ALREADY_EXISTS",
         f"consumer group {keys.consumer_group!r} of stream {keys.stream_prefix!r} already exists",
     )
@@ -222,7 +220,7 @@ class GroupExecutor:
             for position, item in enumerate(batch):
                 try:
                     result = item.op(state, now)
-                except ApiError as exc:
+                except Rejected as exc:
                     outcomes[position] = exc
                     continue
                 state = result.state
@@ -383,16 +381,14 @@ def delete_group_op(keys: GroupKeys, force: bool) -> Operation[GroupMetadata]:
         if group.active_migration() is not None:
             # Its Redis consumer groups take part in the drain proof of the
             # migration's removed shards; deleting mid-way would strand it.
-            raise ApiError(
-                409,
+            raise CoordinatorError(
                 "ACTIVE_MIGRATION_EXISTS",
                 "the group has an active resharding migration; wait for it to finish "
                 "or roll it back, then delete",
             )
         live = group.live_member_ids()
         if (live or group.owners) and not force:
-            raise ApiError(
-                422,
+            raise CoordinatorError(
                 "GROUP_NOT_INACTIVE",
                 f"group has {len(live)} live members and {len(group.owners)} held shards; "
                 "let the members leave first, or pass force=true for recovery",
@@ -465,8 +461,8 @@ class CoordinatorService:
         count = request.initial_shard_count or self.settings.default_shard_count
         async with self.gate.critical(), self._stream_lock(stream_prefix):
             if await self.store.read_stream_record(stream_prefix) is not None:
-                raise ApiError(
-                    409, "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists"
+                raise CoordinatorError(
+                    "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists"
                 )
             layout = list(range(count))
             await self._refuse_collisions(stream_prefix, layout)
@@ -492,8 +488,7 @@ class CoordinatorService:
                 active = other.active_migration()
                 if active is not None:
                     # The new group would miss the migration the others are in.
-                    raise ApiError(
-                        409,
+                    raise CoordinatorError(
                         "ACTIVE_MIGRATION_EXISTS",
                         f"stream {prefix!r} is being resharded ({active.resharding_id}, "
                         f"{active.state.value}); create the group once it has finished",
@@ -506,8 +501,7 @@ class CoordinatorService:
             if current is not None:
                 wanted = request.initial_shard_count
                 if wanted is not None and wanted != len(current):
-                    raise ApiError(
-                        409,
+                    raise CoordinatorError(
                         "SHARD_COUNT_MISMATCH",
                         f"stream {prefix!r} has {len(current)} shards; initialShardCount="
                         f"{wanted} does not match (omit it, or scale the stream)",
@@ -518,8 +512,7 @@ class CoordinatorService:
                 layout = list(range(count))
                 await self._refuse_collisions(prefix, layout)
             if record is not None and ordering is not None and ordering != record.ordering:
-                raise ApiError(
-                    409,
+                raise CoordinatorError(
                     "ORDERING_MISMATCH",
                     f"stream {prefix!r} has ordering={record.ordering!r}; the group cannot "
                     f"ask for {ordering!r} (omit it; an ordering given to a scale request "
@@ -563,8 +556,7 @@ class CoordinatorService:
         collisions = await self.provisioner.collisions(stream_prefix, shards)
         if collisions:
             shown = ", ".join(collisions[:5]) + (" ..." if len(collisions) > 5 else "")
-            raise ApiError(
-                409,
+            raise CoordinatorError(
                 "STREAM_KEYS_EXIST",
                 f"stream {stream_prefix!r} has no coordinator metadata but its shard keys "
                 f"already hold data: {shown}",
@@ -589,7 +581,9 @@ class CoordinatorService:
             },
         )
         if not created:  # only possible if another writer ignored the stream lock
-            raise ApiError(409, "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists")
+            raise CoordinatorError(
+                "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists"
+            )
 
     async def _stream_groups(
         self, stream_prefix: str, record: StreamRecord | None, exclude: str

@@ -7,6 +7,7 @@ unchanged), run against a real v2 coordinator process on the same Redis.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import httpx
 
@@ -17,6 +18,9 @@ from streamkit_server.core import CoordinatorConfig, handle_heartbeat, new_group
 
 from .sim import SimMember, create_group, meta_key, redis_of, shards, snapshot
 from .v1_store import V1Store, V1Unsupported
+
+Factory = Callable[..., CoordinatorProcess]
+SLOW = {"heartbeat_interval_ms": 500, "member_lease_ttl_ms": 30_000}
 
 
 def _beat(member_id: str, epoch: int, owned: list[int], version: int) -> HeartbeatRequest:
@@ -34,11 +38,14 @@ def _beat(member_id: str, epoch: int, owned: list[int], version: int) -> Heartbe
 
 
 async def test_v2_coordinator_upgrades_a_v1_group_in_place_and_keeps_its_state(
-    coordinator: CoordinatorProcess, any_redis: RedisTarget
+    coordinator_factory: Factory, any_redis: RedisTarget
 ) -> None:
+    # A lease long enough that a loaded machine cannot expire m1 between the
+    # v1 write and the v2 heartbeat: the test is about the layout, not leases.
+    coordinator = coordinator_factory(any_redis, **SLOW)
     # The v1 coordinator's history: m1 joined and was granted every shard.
     now = time.time_ns() // 1_000_000
-    config = CoordinatorConfig(heartbeat_interval_ms=200, member_lease_ttl_ms=1_500)
+    config = CoordinatorConfig(heartbeat_interval_ms=500, member_lease_ttl_ms=30_000)
     group = new_group("upg", "g", 4, now)
     joined = handle_heartbeat(group, "m1", _beat("m1", 0, [], 0), now, config)
     assert joined.state is not None and joined.response.member_epoch
