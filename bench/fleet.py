@@ -86,28 +86,41 @@ async def _send(http: httpx.AsyncClient, url: str, fleet: Fleet, m: Member) -> f
     return time.perf_counter() - started
 
 
+async def _settle(http: httpx.AsyncClient, urls: list[str], fleet: Fleet) -> None:
+    """Rounds in which every member heartbeats, until all are stable.
+
+    A stable member must keep heartbeating: a newcomer's shards are taken
+    from it only when it hears so.
+    """
+    slots = asyncio.Semaphore(CONNECTIONS * len(urls))
+
+    async def one(m: Member) -> None:
+        async with slots:
+            await _send(http, random.choice(urls), fleet, m)
+
+    for _ in range(40):
+        await asyncio.gather(*(one(m) for m in fleet.members))
+        if all(m.stable for m in fleet.members):
+            return
+    raise RuntimeError("members did not settle")
+
+
 async def _run(
-    http: httpx.AsyncClient, urls: list[str], fleet: Fleet, seconds: float | None
+    http: httpx.AsyncClient, urls: list[str], fleet: Fleet, seconds: float
 ) -> list[float]:
-    """Closed loop over the fleet; ``seconds=None``: until every member settled."""
+    """Closed loop over the fleet for ``seconds``."""
     latencies: list[float] = []
-    stop = time.monotonic() + (seconds or 600)
+    stop = time.monotonic() + seconds
     workers = CONNECTIONS * len(urls)
 
     async def loop(mine: list[Member]) -> None:
         n = 0
         while time.monotonic() < stop:
-            if seconds is None and all(m.stable for m in mine):
-                return
             m = mine[n % len(mine)]
             n += 1
-            if seconds is None and m.stable:
-                continue
             latencies.append(await _send(http, random.choice(urls), fleet, m))
 
     await asyncio.gather(*(loop(fleet.members[w::workers]) for w in range(workers)))
-    if seconds is None and not all(m.stable for m in fleet.members):
-        raise RuntimeError("members did not settle")
     return latencies
 
 
@@ -134,7 +147,7 @@ async def _scenario(redis: RedisServer, processes: int, args: argparse.Namespace
                 r.raise_for_status()
             fleet = Fleet([Member(n, f"m{i}") for n in names for i in range(args.members)], {}, {})
             settle_started = time.monotonic()
-            await _run(http, urls, fleet, None)
+            await _settle(http, urls, fleet)
             settled = time.monotonic() - settle_started
             pids = [c.pid for c in coords if c.pid is not None]
             cpu0 = sum(_cpu_seconds(p) for p in pids)
