@@ -140,9 +140,9 @@ class ReshardingService:
                 f"targetShardCount must be 0..{MAX_SHARD_COUNT}, got {target}",
             )
         service = self.service
-        async with service.gate.critical(), self._lock(stream_prefix) as lock:
+        async with service.gate.critical(), self.service.stream_lock(stream_prefix) as lock:
             record = await read_record(service.store, stream_prefix)
-            groups = await self._load(
+            groups = await self.service.load_groups(
                 stream_prefix, await stream_group_names(service.store, stream_prefix, record)
             )
             if group is not None and group not in groups:
@@ -217,9 +217,9 @@ class ReshardingService:
         """Roll the migration back in every group of the stream, or in none."""
         prefix = keys.stream_prefix
         service = self.service
-        async with service.gate.critical(), self._lock(prefix):
+        async with service.gate.critical(), self.service.stream_lock(prefix):
             record = await read_record(service.store, prefix)
-            groups = await self._load(
+            groups = await self.service.load_groups(
                 prefix, await stream_group_names(service.store, prefix, record)
             )
             mine = groups.get(keys.consumer_group)
@@ -245,14 +245,14 @@ class ReshardingService:
 
     async def advance(self, stream_prefix: str, names: Sequence[str]) -> None:
         """Do the Redis work the stream's active migrations wait for (one pass)."""
-        lock = self._lock(stream_prefix)
+        lock = self.service.stream_lock(stream_prefix)
         if not await lock.try_acquire():
             return  # a scale or rollback is running; next pass
         try:
             record = await read_record(self.service.store, stream_prefix)
             # The record also names groups the index may have lost.
             names = sorted({*names, *(record.groups if record is not None else ())})
-            groups = await self._load(stream_prefix, names)
+            groups = await self.service.load_groups(stream_prefix, names)
             self._observe_age(stream_prefix, groups.values())
             active = {
                 m.resharding_id for g in groups.values() if (m := g.active_migration()) is not None
@@ -260,9 +260,13 @@ class ReshardingService:
             for rid in sorted(active):
                 parts = _participants(groups, rid)
                 await self._finish_provisioning(stream_prefix, rid, parts, sorted(groups), lock)
-                parts = _participants(await self._load(stream_prefix, sorted(parts)), rid)
+                parts = _participants(
+                    await self.service.load_groups(stream_prefix, sorted(parts)), rid
+                )
                 await self._drain(stream_prefix, rid, parts, sorted(groups), lock)
-            await self._sync_record(stream_prefix, await self._load(stream_prefix, names), record)
+            await self._sync_record(
+                stream_prefix, await self.service.load_groups(stream_prefix, names), record
+            )
         finally:
             await lock.release()
 
@@ -352,20 +356,6 @@ class ReshardingService:
                 await self._step(prefix, name, _bind(apply_retirement, rid, self.config, outcome))
 
     # -- helpers ------------------------------------------------------------------------
-
-    def _lock(self, stream_prefix: str) -> StreamLock:
-        settings = self.service.settings
-        return StreamLock(
-            self.service.store, stream_prefix, settings.mutex_ttl_ms, settings.mutex_wait_ms
-        )
-
-    async def _load(self, stream_prefix: str, names: Iterable[str]) -> dict[str, GroupMetadata]:
-        out: dict[str, GroupMetadata] = {}
-        for name in names:
-            loaded = await self.service.store.load(self.service.keys(stream_prefix, name))
-            if loaded is not None:  # a deleted group simply drops out
-                out[name] = loaded.group
-        return out
 
     async def _step(self, stream_prefix: str, name: str, step: _Step) -> GroupMetadata:
         keys = self.service.keys(stream_prefix, name)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, TypeAlias, TypeVar
 
@@ -459,7 +459,7 @@ class CoordinatorService:
         self, stream_prefix: str, request: CreateStreamRequest, ordering: Ordering | None = None
     ) -> StreamCreateResponse:
         count = request.initial_shard_count or self.settings.default_shard_count
-        async with self.gate.critical(), self._stream_lock(stream_prefix):
+        async with self.gate.critical(), self.stream_lock(stream_prefix):
             if await self.store.read_stream_record(stream_prefix) is not None:
                 raise CoordinatorError(
                     "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists"
@@ -481,7 +481,7 @@ class CoordinatorService:
         self, keys: GroupKeys, request: CreateGroupRequest, ordering: Ordering | None = None
     ) -> GroupResponse:
         prefix = keys.stream_prefix
-        async with self.gate.critical(), self._stream_lock(prefix):
+        async with self.gate.critical(), self.stream_lock(prefix):
             record = await read_record(self.store, prefix)
             others = await self._stream_groups(prefix, record, exclude=keys.consumer_group)
             for other in others:
@@ -542,7 +542,7 @@ class CoordinatorService:
 
     async def delete_group(self, keys: GroupKeys, request: DeleteGroupRequest) -> GroupResponse:
         prefix = keys.stream_prefix
-        async with self.gate.critical(), self._stream_lock(prefix):
+        async with self.gate.critical(), self.stream_lock(prefix):
             snapshot = await self.executor.submit(keys, delete_group_op(keys, request.force))
             record = await read_record(self.store, prefix)
             if record is not None and keys.consumer_group in record.groups:
@@ -588,19 +588,28 @@ class CoordinatorService:
     async def _stream_groups(
         self, stream_prefix: str, record: StreamRecord | None, exclude: str
     ) -> list[GroupMetadata]:
-        groups = []
-        for name in await stream_group_names(self.store, stream_prefix, record):
-            if name == exclude:
-                continue
-            loaded = await self.store.load(self.keys(stream_prefix, name))
-            if loaded is not None:
-                groups.append(loaded.group)
-        return groups
+        names = await stream_group_names(self.store, stream_prefix, record)
+        loaded = await self.load_groups(stream_prefix, (n for n in names if n != exclude))
+        return list(loaded.values())
 
-    def _stream_lock(self, stream_prefix: str) -> StreamLock:
+    # -- the stream-wide helpers, shared with the resharding service ------------------
+
+    def stream_lock(self, stream_prefix: str) -> StreamLock:
+        """The mutex of stream-wide changes (creation, scale, rollback, retirement)."""
         return StreamLock(
             self.store, stream_prefix, self.settings.mutex_ttl_ms, self.settings.mutex_wait_ms
         )
+
+    async def load_groups(
+        self, stream_prefix: str, names: Iterable[str]
+    ) -> dict[str, GroupMetadata]:
+        """The named groups of a stream as stored; a deleted group simply drops out."""
+        out: dict[str, GroupMetadata] = {}
+        for name in names:
+            loaded = await self.store.load(self.keys(stream_prefix, name))
+            if loaded is not None:
+                out[name] = loaded.group
+        return out
 
     # -- reads -----------------------------------------------------------------------
 
