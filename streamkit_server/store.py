@@ -2,9 +2,15 @@
 
 Keys (``kp`` = key prefix, default ``redis-stream:coord``):
 
-* ``{kp}:{<streamPrefix>:<consumerGroup>}:metadata`` -- hash: ``aggregate``
-  (GroupMetadata JSON), ``revision`` (storeRevision), ``schemaVersion``,
+* ``{kp}:{<streamPrefix>:<consumerGroup>}:metadata`` -- hash (layout 2):
+  ``group`` (the group document: GroupMetadata JSON without its members),
+  ``m:<memberId>`` (one MemberMetadata JSON per member), ``revision``
+  (storeRevision, bumped by every write), ``writeId`` (random id of that
+  write), ``log:<revision % 64>`` (which member records each recent write
+  touched, or that it wrote the document), ``schemaVersion``,
   ``layoutVersion``, ``updatedAt``.  The source of truth.  No TTL, ever.
+  Layout 1 kept the whole group in one ``aggregate`` field; such a group is
+  read as is and rewritten as layout 2 on its next write (under the mutex).
 * ``{kp}:{<streamPrefix>:<consumerGroup>}:mutex`` -- the group mutex; the same
   hash tag puts it in the metadata's slot so one Lua script can touch both.
 * ``{kp}:{<streamPrefix>}:stream`` -- hash describing the stream
@@ -18,6 +24,9 @@ Keys (``kp`` = key prefix, default ``redis-stream:coord``):
   in its own slot, so it is only ever touched by single-key commands.
 
 Writes are revision CAS scripts; every script touches keys of one slot only.
+A steady heartbeat's write sends only its member's record (see
+docs/concepts.md, "How a group is stored", for why that is as safe as
+rewriting the group).
 """
 
 from __future__ import annotations

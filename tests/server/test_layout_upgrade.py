@@ -6,10 +6,13 @@ unchanged), run against a real v2 coordinator process on the same Redis.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
+import pytest
 
 from streamkit.protocol import HeartbeatRequest, RuntimeConsumerCapacity, shard_ids
 from streamkit.testing import RedisTarget
@@ -108,3 +111,51 @@ async def test_v1_coordinator_refuses_a_v2_group_and_leaves_it_untouched(
         assert await snapshot(r, "v2only", "g") == before
         # The v2 coordinator carries on.
         assert (await m1.heartbeat())["status"] == "OK"
+
+
+#: The last commit with store layout 1 (its coordinator is the "v1" process).
+V1_COMMIT = "f6f29ab"
+
+
+@pytest.fixture
+def v1_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The previous commit's packages in ``tmp_path/v1``; the working directory is
+    moved to ``tmp_path``, since ``python -m`` puts it first on sys.path."""
+    repo = Path(__file__).resolve().parents[2]
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", V1_COMMIT, "streamkit", "streamkit_server"],
+        check=True, capture_output=True,
+    ).stdout  # fmt: skip
+    target = tmp_path / "v1"
+    target.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    monkeypatch.chdir(tmp_path)
+    return target
+
+
+@pytest.mark.long
+async def test_real_v1_coordinator_process_and_v2_process_on_one_redis(
+    v1_checkout: Path, coordinator_factory: Factory, any_redis: RedisTarget
+) -> None:
+    """Both directions with the previous commit's coordinator running as a process.
+
+    Needs the git history (``git archive``); kept out of CI with the ``long``
+    marker, the frozen-store tests above cover the same ground there.
+    """
+    v1 = coordinator_factory(any_redis, env={"PYTHONPATH": str(v1_checkout)}, **SLOW)
+    v2 = coordinator_factory(any_redis, **SLOW)
+    async with httpx.AsyncClient() as http, redis_of(any_redis) as r:
+        await create_group(http, v1, "real", "g", 4)
+        m1 = SimMember(http, v1.url, "real", "g", "m1")
+        await m1.heartbeat()
+        await m1.heartbeat()
+        assert m1.owned == {0, 1, 2, 3}
+        assert await r.hget(meta_key("real", "g"), "layoutVersion") == "1"
+        view = await m1.heartbeat(base_url=v2.url)  # v2 upgrades it in place
+        assert view["status"] == "OK" and shards(view) == [0, 1, 2, 3]
+        assert await r.hget(meta_key("real", "g"), "layoutVersion") == "2"
+        before = await snapshot(r, "real", "g")
+        refused = await m1.post(m1.body(), base_url=v1.url)
+        assert refused.status_code == 503
+        assert refused.json()["errorCode"] == "METADATA_SCHEMA_UNSUPPORTED"
+        assert await snapshot(r, "real", "g") == before
