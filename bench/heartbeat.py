@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import redis.asyncio
 
 from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -80,6 +81,9 @@ class Result:
     seconds: float
     latencies: list[float]
     server_cpu: float
+    #: Bytes the coordinator sent to Redis (INFO stats total_net_input_bytes):
+    #: every command and script argument, so an upper bound of what it wrote.
+    redis_bytes: int = 0
 
     @property
     def rate(self) -> float:
@@ -93,20 +97,43 @@ class Result:
     def cpu_ms(self) -> float:
         return self.server_cpu / max(1, self.count) * 1000
 
+    @property
+    def bytes_per_req(self) -> float:
+        return self.redis_bytes / max(1, self.count)
+
     def line(self) -> str:
         return (
-            f"{self.name:<34} {self.rate:8.0f}/s  p50 {self.pct(0.5):6.1f} ms  "
-            f"p99 {self.pct(0.99):6.1f} ms  server CPU {self.cpu_ms:5.2f} ms/req"
+            f"{self.name:<52} {self.rate:8.0f}/s  p50 {self.pct(0.5):6.1f} ms  "
+            f"p99 {self.pct(0.99):6.1f} ms  server CPU {self.cpu_ms:5.2f} ms/req  "
+            f"Redis in {self.bytes_per_req:8.0f} B/req"
         )
+
+
+async def _redis_input_bytes(url: str) -> int:
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        return int((await client.info("stats"))["total_net_input_bytes"])
+    finally:
+        await client.aclose()
 
 
 async def _settle(
     http: httpx.AsyncClient, coord: CoordinatorProcess, members: list[Member]
 ) -> None:
+    # At most one request per connection at a time: a thousand requests queued
+    # on the pool race uvicorn's keep-alive expiry (httpx.ReadError).
+    slots = asyncio.Semaphore(CONNECTIONS)
+
     async def one(m: Member) -> None:
-        r = await http.post(f"{API}/streams/bench/groups/{m.group}/members/{m.member_id}/heartbeat",
-                            json=m.body())  # fmt: skip
-        m.apply(r.json())
+        async with slots:
+            for _attempt in range(3):
+                try:
+                    r = await http.post(f"{API}/streams/bench/groups/{m.group}/members/"
+                                        f"{m.member_id}/heartbeat", json=m.body())  # fmt: skip
+                except httpx.TransportError:
+                    continue
+                m.apply(r.json())
+                return
 
     for _ in range(40):
         await asyncio.gather(*(one(m) for m in members))
@@ -116,12 +143,14 @@ async def _settle(
 
 
 async def _measure(
-    name: str, coord: CoordinatorProcess, http: httpx.AsyncClient, members: list[Member],
-    seconds: float, trivial: bool = False,
+    name: str, redis_url: str, coord: CoordinatorProcess, http: httpx.AsyncClient,
+    members: list[Member], seconds: float, trivial: bool = False,
+    concurrency: int = CONNECTIONS,
 ) -> Result:  # fmt: skip
     latencies: list[float] = []
     stop = time.monotonic() + seconds
     assert coord.pid is not None
+    bytes0 = await _redis_input_bytes(redis_url)
     cpu0 = _cpu_seconds(coord.pid)
 
     async def loop(mine: list[Member]) -> None:
@@ -143,14 +172,22 @@ async def _measure(
             latencies.append(time.perf_counter() - started)
 
     t0 = time.monotonic()
-    workers = min(CONNECTIONS, len(members))
+    workers = min(concurrency, len(members))
     await asyncio.gather(*(loop(members[w::workers]) for w in range(workers)))
     elapsed = time.monotonic() - t0
-    return Result(name, len(latencies), elapsed, latencies, _cpu_seconds(coord.pid) - cpu0)
+    cpu = _cpu_seconds(coord.pid) - cpu0
+    written = await _redis_input_bytes(redis_url) - bytes0
+    return Result(name, len(latencies), elapsed, latencies, cpu, written)
 
 
 async def _scenario(
-    coord: CoordinatorProcess, groups: int, per_group: int, seconds: float, trivial_too: bool
+    redis_url: str,
+    coord: CoordinatorProcess,
+    groups: int,
+    per_group: int,
+    seconds: float,
+    trivial_too: bool,
+    concurrency: int = CONNECTIONS,
 ) -> list[Result]:
     limits = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
     async with httpx.AsyncClient(
@@ -166,11 +203,26 @@ async def _scenario(
         members = [Member(n, f"m{i}") for n in names for i in range(per_group)]
         await _settle(http, coord, members)
         label = f"{groups} group(s) x {per_group} members"
-        results = [await _measure(f"heartbeat, {label}", coord, http, members, seconds)]
+        label += f", {min(concurrency, len(members))} in flight"
+        results = [
+            await _measure(
+                f"heartbeat, {label}", redis_url, coord, http, members, seconds,
+                concurrency=concurrency,
+            )
+        ]  # fmt: skip
         if trivial_too:
             results.append(
-                await _measure("trivial GET compatibility", coord, http, members, seconds, True)
+                await _measure(
+                    "trivial GET compatibility", redis_url, coord, http, members, seconds, True
+                )
             )
+        # Deleted, or their members' leases would run out during the next
+        # scenario and its figures would include those expiries.
+        for name in names:
+            r = await http.request("DELETE", f"{API}/streams/bench/groups/{name}",
+                                   json={"requestedBy": "bench", "reason": "bench", "force": True},
+                                   auth=coord.admin_auth)  # fmt: skip
+            r.raise_for_status()
         return results
 
 
@@ -181,9 +233,11 @@ async def _main(seconds: float) -> None:
         redis.url, heartbeat_interval_ms=3000, member_lease_ttl_ms=60_000,
         rebalance_timeout_ms=60_000, tick_interval_ms=1000,
     ) as coord:  # fmt: skip
-        hb, trivial = await _scenario(coord, 10, 100, seconds, trivial_too=True)
-        (big,) = await _scenario(coord, 1, 1000, seconds, trivial_too=False)
-        (small,) = await _scenario(coord, 1, 10, seconds, trivial_too=False)
+        hb, trivial = await _scenario(redis.url, coord, 10, 100, seconds, trivial_too=True)
+        # The same number of requests in flight for both sizes (a 10-member
+        # group cannot have more), so only the group size differs.
+        (big,) = await _scenario(redis.url, coord, 1, 1000, seconds, False, concurrency=10)
+        (small,) = await _scenario(redis.url, coord, 1, 10, seconds, trivial_too=False)
     for result in (hb, trivial, big, small):
         print(result.line())
     print(f"heartbeat/trivial throughput ratio: {hb.rate / trivial.rate:.2f}")

@@ -1,8 +1,19 @@
-"""Errors that carry their HTTP answer (status, errorCode, message)."""
+"""Errors a client may see.
+
+Below ``api/`` they are named by an error code only (``CoordinatorError``, the
+core's ``Rejected``); ``api/errors.py`` maps codes to HTTP statuses, once.
+``ApiError`` carries its own status and is raised by the API layer itself.
+"""
 
 from __future__ import annotations
 
-__all__ = ["ApiError"]
+from streamkit_server.core.errors import Rejected
+
+__all__ = ["ApiError", "CoordinatorError", "Rejected"]
+
+
+class CoordinatorError(Rejected):
+    """A refusal of the coordinator's service layer, named by its error code."""
 
 
 class ApiError(Exception):

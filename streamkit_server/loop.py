@@ -20,12 +20,12 @@ import anyio
 from redis.exceptions import RedisError, ResponseError
 
 from streamkit_server.core import next_deadline_ms
-from streamkit_server.errors import ApiError
+from streamkit_server.errors import Rejected
 from streamkit_server.gate import CoordinatorTerminating
 from streamkit_server.mutex import MutexTimeout
 from streamkit_server.resharding import ReshardingService
 from streamkit_server.service import CoordinatorService, now_ms
-from streamkit_server.store import Loaded, StoreError
+from streamkit_server.store import StoreError
 
 __all__ = ["TickLoop"]
 
@@ -100,7 +100,7 @@ class TickLoop:
             streams.setdefault(prefix, []).append(group)
             try:
                 loaded = await store.load(keys)
-                if not isinstance(loaded, Loaded):
+                if loaded is None:
                     continue
                 if loaded.group.active_migration() is not None:
                     migrating.add(prefix)
@@ -121,7 +121,7 @@ class TickLoop:
         try:
             async with self.service.gate.critical():
                 await resharding.advance(prefix, groups)
-        except (ApiError, MutexTimeout, StoreError, ResponseError) as exc:
+        except (Rejected, MutexTimeout, StoreError, ResponseError) as exc:
             # One stream's trouble (a missing group, a shard key of the wrong
             # type, metadata to repair) must not stall the others.
             log.error("resharding of stream %s is stuck: %s", prefix, exc)

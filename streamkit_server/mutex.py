@@ -14,7 +14,7 @@ import time
 
 import anyio
 
-from streamkit_server.store import GroupKeys, Loaded, MetadataStore
+from streamkit_server.store import GroupKeys, Loaded, MetadataStore, MutexBusy
 
 __all__ = ["MutexTimeout", "lock_and_load"]
 
@@ -38,10 +38,12 @@ async def lock_and_load(
     deadline = started + wait_ms / 1000
     backoff = _FIRST_BACKOFF_S
     while True:
-        result = await store.load(keys, token, ttl_ms)
-        if result is not False:
+        try:
+            result = await store.load(keys, token, ttl_ms)
+        except MutexBusy:
+            pass
+        else:
             store.metrics.mutex_wait_seconds.observe(time.monotonic() - started)
-            assert result is None or isinstance(result, Loaded)
             return result
         remaining = deadline - time.monotonic()
         if remaining <= 0:

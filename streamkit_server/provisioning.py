@@ -16,7 +16,7 @@ import anyio
 from redis.commands.core import AsyncScript
 
 from streamkit.routing import stream_key
-from streamkit_server.errors import ApiError
+from streamkit_server.errors import CoordinatorError
 from streamkit_server.store import RedisClient
 
 __all__ = [
@@ -65,13 +65,12 @@ return 1
 
 def _validate_name(value: str, what: str, code: str, extra: str = "") -> str:
     if not 1 <= len(value) <= MAX_NAME_LENGTH:
-        raise ApiError(
-            400, code, f"{what} must be 1..{MAX_NAME_LENGTH} characters long, got {len(value)}"
+        raise CoordinatorError(
+            code, f"{what} must be 1..{MAX_NAME_LENGTH} characters long, got {len(value)}"
         )
     bad = _FORBIDDEN.search(value) or (extra and re.search(f"[{re.escape(extra)}]", value))
     if bad:
-        raise ApiError(
-            400,
+        raise CoordinatorError(
             code,
             f"{what} {value!r} contains {bad.group()!r}; braces, whitespace, control "
             f"characters, '/' and '%'{' and ' + repr(extra) if extra else ''} are not allowed",
@@ -91,8 +90,7 @@ def validate_consumer_group(value: str) -> str:
 
 def validate_member_id(value: str) -> str:
     if not 1 <= len(value) <= 256 or re.search(r"[\x00-\x1f\x7f]", value):
-        raise ApiError(
-            400,
+        raise CoordinatorError(
             "INVALID_MEMBER_ID",
             "memberId must be 1..256 characters without control characters",
         )

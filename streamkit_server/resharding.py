@@ -41,20 +41,21 @@ from streamkit_server.core import (
     CoordinatorConfig,
     GroupMetadata,
     MigrationRecord,
-    ReshardingRejected,
     ReshardingWork,
+    Result,
     apply_drain_probe,
     apply_retirement,
     complete_provisioning,
     fail_provisioning,
     pending_work,
+    result_of,
     rollback_resharding,
     start_resharding,
 )
 from streamkit_server.drain import DrainProber, DrainResult
-from streamkit_server.errors import ApiError
-from streamkit_server.service import CoordinatorService, Deletion, group_not_found, now_ms
-from streamkit_server.store import GroupKeys, Loaded
+from streamkit_server.errors import CoordinatorError, Rejected
+from streamkit_server.service import CoordinatorService, Operation, group_not_found, now_ms
+from streamkit_server.store import GroupKeys
 from streamkit_server.streams import (
     Ordering,
     StreamLock,
@@ -74,22 +75,16 @@ MAX_SHARD_COUNT: Final = CORE_MAX_SHARD_COUNT
 _Step = Callable[[GroupMetadata, int], GroupMetadata]
 
 
-class CoreStep:
-    """A ``GroupOp`` applying one pure core function to a group."""
+def core_step(keys: GroupKeys, step: _Step) -> Operation[GroupMetadata]:
+    """An ``Operation`` applying one pure core step; answers the group after it."""
 
-    def __init__(self, keys: GroupKeys, step: _Step) -> None:
-        self.keys = keys
-        self.step = step
-        self.group: GroupMetadata | None = None
-
-    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+    def op(group: GroupMetadata | None, now: int) -> Result[GroupMetadata]:
         if group is None:
-            raise group_not_found(self.keys)
-        try:
-            self.group = self.step(group, now)
-        except ReshardingRejected as exc:
-            raise ApiError(exc.status_code, exc.error_code, str(exc)) from exc
-        return self.group
+            raise group_not_found(keys)
+        after = step(group, now)
+        return result_of(group, after, after)
+
+    return op
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +100,7 @@ def find_migration(group: GroupMetadata, resharding_id: str) -> MigrationRecord:
     for migration in group.migrations:
         if migration.resharding_id == resharding_id:
             return migration
-    raise ApiError(
-        404,
+    raise CoordinatorError(
         "MIGRATION_NOT_FOUND",
         f"group {group.consumer_group!r} of stream {group.stream_prefix!r} has no migration "
         f"{resharding_id!r}",
@@ -142,26 +136,24 @@ class ReshardingService:
     ) -> ScaleOutcome:
         """Scale every group of the stream; ``group`` must be one of them when given."""
         if not 0 <= target <= MAX_SHARD_COUNT:
-            raise ApiError(
-                400,
+            raise CoordinatorError(
                 "INVALID_TARGET_SHARD_COUNT",
                 f"targetShardCount must be 0..{MAX_SHARD_COUNT}, got {target}",
             )
         service = self.service
-        async with service.gate.critical(), self._lock(stream_prefix) as lock:
+        async with service.gate.critical(), self.service.stream_lock(stream_prefix) as lock:
             record = await read_record(service.store, stream_prefix)
-            groups = await self._load(
+            groups = await self.service.load_groups(
                 stream_prefix, await stream_group_names(service.store, stream_prefix, record)
             )
             if group is not None and group not in groups:
                 raise group_not_found(service.keys(stream_prefix, group))
             if not groups:
                 if record is None:
-                    raise ApiError(
-                        404, "STREAM_NOT_FOUND", f"stream {stream_prefix!r} does not exist"
+                    raise CoordinatorError(
+                        "STREAM_NOT_FOUND", f"stream {stream_prefix!r} does not exist"
                     )
-                raise ApiError(
-                    409,
+                raise CoordinatorError(
                     "NO_CONSUMER_GROUPS",
                     f"stream {stream_prefix!r} has no consumer groups, so nothing routes to "
                     "it; create a group first",
@@ -186,8 +178,7 @@ class ReshardingService:
                 added = _added_shards(stream_prefix, rid, groups.values())
                 collisions = await service.provisioner.collisions(stream_prefix, added)
                 if collisions:
-                    raise ApiError(
-                        409,
+                    raise CoordinatorError(
                         "STREAM_KEYS_EXIST",
                         f"the new shard keys of stream {stream_prefix!r} already hold data "
                         f"nobody routed there: {', '.join(collisions[:5])}",
@@ -197,20 +188,19 @@ class ReshardingService:
                         await service.provisioner.provision(stream_prefix, added, name)
                 except (RedisError, OSError) as exc:
                     service.metrics.provisioning_failures.inc()
-                    raise ApiError(
-                        503,
+                    raise CoordinatorError(
                         "REDIS_STREAM_PROVISIONING_FAILED",
                         f"provisioning the new shard streams {added} of {stream_prefix!r} "
                         f"failed: {type(exc).__name__}: {exc}",
                     ) from exc
                 lock.check()
-            except ApiError as exc:
+            except Rejected as exc:
                 raise await self._abandon(stream_prefix, rid, started, exc) from exc
             except Exception as exc:
                 # Mutex timeouts, unusable metadata, Redis trouble: the groups
                 # already PREPARING must not stay half-started (they would end
                 # up on different layouts); the original error is answered.
-                interrupted = ApiError(503, "COORDINATOR_BUSY", f"scale interrupted: {exc}")
+                interrupted = CoordinatorError("COORDINATOR_BUSY", f"scale interrupted: {exc}")
                 await self._abandon(stream_prefix, rid, started, interrupted)
                 raise
             for name in names:
@@ -228,9 +218,9 @@ class ReshardingService:
         """Roll the migration back in every group of the stream, or in none."""
         prefix = keys.stream_prefix
         service = self.service
-        async with service.gate.critical(), self._lock(prefix):
+        async with service.gate.critical(), self.service.stream_lock(prefix):
             record = await read_record(service.store, prefix)
-            groups = await self._load(
+            groups = await self.service.load_groups(
                 prefix, await stream_group_names(service.store, prefix, record)
             )
             mine = groups.get(keys.consumer_group)
@@ -242,11 +232,8 @@ class ReshardingService:
                 if any(m.resharding_id == resharding_id for m in g.migrations)
             )  # fmt: skip
             now = now_ms()
-            for name in parts:  # dry run: all or nothing
-                try:
-                    rollback_resharding(groups[name], resharding_id, now, self.config)
-                except ReshardingRejected as exc:
-                    raise ApiError(exc.status_code, exc.error_code, str(exc)) from exc
+            for name in parts:  # dry run: all or nothing (raises ReshardingRejected)
+                rollback_resharding(groups[name], resharding_id, now, self.config)
             for name in parts:
                 groups[name] = await self._step(
                     prefix, name, _bind(rollback_resharding, resharding_id, self.config)
@@ -259,14 +246,14 @@ class ReshardingService:
 
     async def advance(self, stream_prefix: str, names: Sequence[str]) -> None:
         """Do the Redis work the stream's active migrations wait for (one pass)."""
-        lock = self._lock(stream_prefix)
+        lock = self.service.stream_lock(stream_prefix)
         if not await lock.try_acquire():
             return  # a scale or rollback is running; next pass
         try:
             record = await read_record(self.service.store, stream_prefix)
             # The record also names groups the index may have lost.
             names = sorted({*names, *(record.groups if record is not None else ())})
-            groups = await self._load(stream_prefix, names)
+            groups = await self.service.load_groups(stream_prefix, names)
             self._observe_age(stream_prefix, groups.values())
             active = {
                 m.resharding_id for g in groups.values() if (m := g.active_migration()) is not None
@@ -274,9 +261,13 @@ class ReshardingService:
             for rid in sorted(active):
                 parts = _participants(groups, rid)
                 await self._finish_provisioning(stream_prefix, rid, parts, sorted(groups), lock)
-                parts = _participants(await self._load(stream_prefix, sorted(parts)), rid)
+                parts = _participants(
+                    await self.service.load_groups(stream_prefix, sorted(parts)), rid
+                )
                 await self._drain(stream_prefix, rid, parts, sorted(groups), lock)
-            await self._sync_record(stream_prefix, await self._load(stream_prefix, names), record)
+            await self._sync_record(
+                stream_prefix, await self.service.load_groups(stream_prefix, names), record
+            )
         finally:
             await lock.release()
 
@@ -367,35 +358,19 @@ class ReshardingService:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _lock(self, stream_prefix: str) -> StreamLock:
-        settings = self.service.settings
-        return StreamLock(
-            self.service.store, stream_prefix, settings.mutex_ttl_ms, settings.mutex_wait_ms
-        )
-
-    async def _load(self, stream_prefix: str, names: Iterable[str]) -> dict[str, GroupMetadata]:
-        out: dict[str, GroupMetadata] = {}
-        for name in names:
-            loaded = await self.service.store.load(self.service.keys(stream_prefix, name))
-            if isinstance(loaded, Loaded):  # a deleted group simply drops out
-                out[name] = loaded.group
-        return out
-
     async def _step(self, stream_prefix: str, name: str, step: _Step) -> GroupMetadata:
-        op = CoreStep(self.service.keys(stream_prefix, name), step)
-        await self.service.executor.submit(op.keys, op)
-        assert op.group is not None
-        return op.group
+        keys = self.service.keys(stream_prefix, name)
+        return await self.service.executor.submit(keys, core_step(keys, step))
 
     async def _abandon(
-        self, prefix: str, rid: str, started: Sequence[str], error: ApiError
-    ) -> ApiError:
+        self, prefix: str, rid: str, started: Sequence[str], error: Rejected
+    ) -> Rejected:
         """Fail the PREPARING migrations of a scale that cannot go on."""
         problem: str | None = None
         for name in started:
             try:
                 after = await self._step(prefix, name, _bind(fail_provisioning, rid, self.config))
-            except (ApiError, RedisError, OSError) as exc:
+            except (Rejected, RedisError, OSError) as exc:
                 problem = f"recording that failed for group {name!r} too ({exc})"
                 continue
             if _state(after, rid) is not MigrationState.ROLLED_BACK:
@@ -409,7 +384,7 @@ class ReshardingService:
                 f"; {problem}: the coordinator's tick loop finishes migration {rid} "
                 f"(GET .../migrations/{rid} shows its state)"
             )
-        return ApiError(error.status_code, error.error_code, error.message + note, error.headers)
+        return CoordinatorError(error.error_code, error.message + note)
 
     async def _sync_record(
         self,
@@ -469,8 +444,7 @@ def _refuse_active(stream_prefix: str, groups: Iterable[GroupMetadata]) -> None:
     for group in groups:
         active = group.active_migration()
         if active is not None:
-            raise ApiError(
-                409,
+            raise CoordinatorError(
                 "ACTIVE_MIGRATION_EXISTS",
                 f"stream {stream_prefix!r} already has migration {active.resharding_id} "
                 f"({active.state.value}, group {group.consumer_group!r}); wait for it to end "
@@ -492,8 +466,8 @@ def _start(
     config: CoordinatorConfig,
 ) -> GroupMetadata:
     if tuple(group.layout) != layout:
-        raise ApiError(
-            409, "LAYOUT_CHANGED", "the stream's layout changed during the request; retry"
+        raise CoordinatorError(
+            "LAYOUT_CHANGED", "the stream's layout changed during the request; retry"
         )
     return start_resharding(
         group, target, now, resharding_id=rid, requested_by=requested_by, reason=reason,
@@ -542,8 +516,7 @@ def _agreed(prefix: str, added: set[tuple[int, ...]]) -> list[int]:
     if len(added) > 1:
         # Fresh shard numbers come from each group's known shards; they agree
         # unless the groups' histories diverged.
-        raise ApiError(
-            503,
+        raise CoordinatorError(
             "LAYOUT_DIVERGED",
             f"the groups of stream {prefix!r} would add different shards {sorted(added)}",
         )

@@ -5,8 +5,10 @@ Every mutation of a group runs through ``GroupExecutor.submit``:
 1. a per-process, per-group ``asyncio.Lock`` (the "local monitor" of seed 000)
    so requests of one process queue locally instead of spinning on Redis;
 2. the group mutex in Redis, taken together with the load (one Lua script);
-3. the pure core (``handle_heartbeat`` / ``tick``) on the loaded value;
-4. a revision CAS write that also releases the mutex;
+3. the pure core (``handle_heartbeat`` / ``tick`` / ...) on the loaded value,
+   which returns ``Result(state, changes, response)``;
+4. a revision CAS write of ``changes`` (only the member records, for a steady
+   heartbeat) that also releases the mutex;
 5. only then the answers.
 
 Heartbeats that queue up behind the local lock while a critical section runs
@@ -25,9 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final, Protocol
+from typing import Any, Final, TypeAlias, TypeVar
 
 from streamkit.protocol import (
     CreateGroupRequest,
@@ -44,16 +46,26 @@ from streamkit_server import views
 from streamkit_server.core import (
     LAYOUT_VERSION,
     SCHEMA_VERSION,
+    Change,
     CoordinatorConfig,
+    GroupCreated,
+    GroupDeleted,
+    GroupDocumentChanged,
     GroupMetadata,
+    MemberUpserted,
+    Result,
+    Seen,
     begin_correction,
     handle_heartbeat,
     join_refusal,
+    merge_changes,
     new_group,
+    observe,
+    result_of,
+    steady,
     tick,
 )
-from streamkit_server.core.heartbeat import MemberIdInUse
-from streamkit_server.errors import ApiError
+from streamkit_server.errors import CoordinatorError, Rejected
 from streamkit_server.gate import TerminatingGate
 from streamkit_server.metrics import Metrics
 from streamkit_server.mutex import MutexTimeout, lock_and_load
@@ -69,11 +81,13 @@ from streamkit_server.streams import (
     stream_group_names,
 )
 
-__all__ = ["CoordinatorService", "Deletion", "GroupExecutor", "GroupOp", "now_ms"]
+__all__ = ["CoordinatorService", "GroupExecutor", "Operation", "now_ms"]
 
 log = logging.getLogger("streamkit_server.service")
 
 _MAX_ATTEMPTS: Final = 4
+
+R = TypeVar("R")
 
 
 def now_ms() -> int:
@@ -82,26 +96,14 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class Deletion:
-    """Returned by an op to delete the group (CAS on the loaded revision)."""
+#: One group operation: the current state (``None``: no such group) and the
+#: time in, a core ``Result`` out.  May raise ``Rejected``: the operation then
+#: fails alone and leaves the group as it was.
+Operation: TypeAlias = Callable[[GroupMetadata | None, int], Result[R]]
 
 
-DELETE: Final = Deletion()
-
-
-class GroupOp(Protocol):
-    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
-        """Next state: the same object for "no change", ``None`` only if ``group`` is None.
-
-        May raise ``ApiError``: the op then fails alone and leaves the group as
-        it was.
-        """
-        ...
-
-
-def group_not_found(keys: GroupKeys) -> ApiError:
-    return ApiError(
-        404,
+def group_not_found(keys: GroupKeys) -> CoordinatorError:
+    return CoordinatorError(
         "GROUP_NOT_FOUND",
         f"consumer group {keys.consumer_group!r} of stream {keys.stream_prefix!r} has no "
         f"coordinator metadata; create it with POST /coord/v1/streams/{keys.stream_prefix}"
@@ -109,9 +111,8 @@ def group_not_found(keys: GroupKeys) -> ApiError:
     )
 
 
-def group_already_exists(keys: GroupKeys) -> ApiError:
-    return ApiError(
-        409,
+def group_already_exists(keys: GroupKeys) -> CoordinatorError:
+    return CoordinatorError(
         "GROUP_ALREADY_EXISTS",
         f"consumer group {keys.consumer_group!r} of stream {keys.stream_prefix!r} already exists",
     )
@@ -119,8 +120,8 @@ def group_already_exists(keys: GroupKeys) -> ApiError:
 
 @dataclass
 class _Item:
-    op: GroupOp
-    future: asyncio.Future[None]
+    op: Operation[Any]
+    future: asyncio.Future[Any]
 
 
 @dataclass
@@ -136,9 +137,12 @@ class GroupExecutor:
         self.config = settings.coordinator_config()
         self.metrics = metrics
         self._lanes: dict[str, _Lane] = {}
+        # The highest revision this process loaded under the mutex or wrote,
+        # per group: a lower one later means Redis lost writes.
+        self._seen: dict[str, Seen] = {}
 
-    async def submit(self, keys: GroupKeys, op: GroupOp) -> None:
-        """Run ``op`` in a critical section of its group; raises what the op failed with."""
+    async def submit(self, keys: GroupKeys, op: Operation[R]) -> R:
+        """Run ``op`` in a critical section of its group; its response, or what it raised."""
         lane = self._lanes.get(keys.metadata)
         if lane is None:
             lane = self._lanes[keys.metadata] = _Lane()
@@ -148,7 +152,13 @@ class GroupExecutor:
             if not item.future.done():
                 batch, lane.pending = lane.pending, []
                 await _finish_even_if_cancelled(self._run(keys, batch))
-        item.future.result()
+        response: R = item.future.result()
+        return response
+
+    def forget(self, keys: GroupKeys) -> None:
+        """The group is being recreated: a new lifecycle, nothing to compare with."""
+        self.store.forget(keys)
+        self._seen.pop(keys.metadata, None)
 
     async def _run(self, keys: GroupKeys, batch: list[_Item]) -> None:
         self.metrics.batch_size.observe(len(batch))
@@ -164,6 +174,25 @@ class GroupExecutor:
             if not isinstance(exc, Exception):
                 raise
 
+    def _observe(self, keys: GroupKeys, group: GroupMetadata, revision: int) -> int | None:
+        """Remember ``revision``; the version to correct from when Redis went back."""
+        seen = self._seen.get(keys.metadata)
+        observation = observe(
+            seen, group.created_at_ms, revision, group.metadata_version, locked=True
+        )
+        self._seen[keys.metadata] = observation.seen
+        if observation.regressed_from_version is not None and seen is not None:
+            self.metrics.metadata_regression.inc()
+            log.warning(
+                "metadata revision regression for %s: this process saw revision %d, "
+                "Redis now holds %d (lost writes, failover or restore); "
+                "opening a metadata correction round",
+                keys.metadata,
+                seen.revision,
+                revision,
+            )
+        return observation.regressed_from_version
+
     async def _attempt(self, keys: GroupKeys, batch: list[_Item]) -> bool:
         """One load/apply/write round; False when the CAS lost and it must be rerun."""
         token = self.store.new_token()
@@ -174,45 +203,57 @@ class GroupExecutor:
         try:
             now = now_ms()
             before = loaded.group if loaded is not None else None
-            state: GroupMetadata | Deletion | None = before
-            if loaded is not None and loaded.regressed_from_version is not None:
-                # This process wrote a later revision than Redis now holds: open
-                # the correction round itself instead of waiting for a client to
-                # report a higher version (no shard moves for one member lease).
-                state = begin_correction(
-                    loaded.group, now, self.config, loaded.regressed_from_version
-                )
-            errors: dict[int, BaseException] = {}
+            state = before
+            changes: list[tuple[Change, ...]] = []
+            if loaded is not None:
+                regressed = self._observe(keys, loaded.group, loaded.revision)
+                if regressed is not None:
+                    # This process wrote a later revision than Redis now holds:
+                    # open the correction round itself instead of waiting for a
+                    # client to report a higher version (no shard moves for one
+                    # member lease).
+                    opened = result_of(
+                        before, begin_correction(loaded.group, now, self.config, regressed), None
+                    )
+                    state = opened.state
+                    changes.append(opened.changes)
+            outcomes: dict[int, Any] = {}
             for position, item in enumerate(batch):
-                if isinstance(state, Deletion):
-                    errors[position] = group_not_found(keys)
-                    continue
                 try:
-                    state = item.op.apply(state, now)
-                except ApiError as exc:
-                    errors[position] = exc
-            if state is before:
+                    result = item.op(state, now)
+                except Rejected as exc:
+                    outcomes[position] = exc
+                    continue
+                state = result.state
+                changes.append(result.changes)
+                outcomes[position] = result.response
+            merged = merge_changes(changes)
+            if not merged and loaded is not None and loaded.layout_version != LAYOUT_VERSION:
+                merged = (GroupDocumentChanged(),)  # upgrade in place, under the mutex
+            if not merged:
                 committed = True  # nothing to write; the mutex is released below
                 await self._release(loaded, keys, token)
-            elif isinstance(state, Deletion):
+            elif state is None:
                 assert loaded is not None
                 committed = await self.store.delete(loaded, token)
                 if not committed:
                     self.metrics.state_conflicts.inc()
                     return False
+                self._seen.pop(keys.metadata, None)
             else:
-                assert state is not None
-                result = await self.store.commit(loaded, keys, state, token)
+                written = await self.store.commit(loaded, keys, state, merged, token)
                 committed = True  # the script released the mutex either way
-                if not result.ok:
+                if not written.ok:
                     log.warning("storeRevision conflict on %s; rerunning", keys.metadata)
                     return False
-                self._after_write(keys, before, state)
+                self._observe(keys, state, written.revision or 0)
+                self._after_write(keys, before, state, merged)
             for position, item in enumerate(batch):
-                if position in errors:
-                    _fail(item, errors[position])
+                outcome = outcomes.get(position)
+                if isinstance(outcome, BaseException):
+                    _fail(item, outcome)
                 elif not item.future.done():
-                    item.future.set_result(None)
+                    item.future.set_result(outcome)
             return True
         finally:
             if not committed and loaded is not None:
@@ -224,17 +265,26 @@ class GroupExecutor:
             await self.store.release(keys.mutex, token)
 
     def _after_write(
-        self, keys: GroupKeys, before: GroupMetadata | None, after: GroupMetadata
+        self,
+        keys: GroupKeys,
+        before: GroupMetadata | None,
+        after: GroupMetadata,
+        changes: Sequence[Change],
     ) -> None:
         old = before.members if before is not None else {}
-        for member_id, member in after.members.items():
-            previous = old.get(member_id)
+        for change in changes:
+            if not isinstance(change, MemberUpserted):
+                continue
+            member = change.member
+            previous = old.get(member.member_id)
             if previous is None or previous.state is member.state:
                 continue
             if member.state is MemberState.EXPIRED:
                 self.metrics.member_expired.inc()
             elif member.state is MemberState.FENCED:
                 self.metrics.member_fenced.inc()
+        if steady(changes):
+            return  # member records only: ownership did not change
         problems = views.invariant_violations(after)
         if problems:
             self.metrics.invariant_violations.inc(len(problems))
@@ -274,99 +324,82 @@ async def _finish_even_if_cancelled(aw: Awaitable[None]) -> None:
     task.result()
 
 
-# -- ops -------------------------------------------------------------------------
+# -- operations ----------------------------------------------------------------------
+# Each builds an ``Operation`` from its (immutable) inputs; the executor runs it
+# and hands back its response.  Nothing is read back from them after submit.
 
 
-class HeartbeatOp:
-    def __init__(
-        self,
-        keys: GroupKeys,
-        member_id: str,
-        request: HeartbeatRequest,
-        config: CoordinatorConfig,
-        metrics: Metrics,
-    ) -> None:
-        self.keys = keys
-        self.member_id = member_id
-        self.request = request
-        self.config = config
-        self.metrics = metrics
-        self.response: HeartbeatResponse | None = None
-
-    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+def heartbeat_op(
+    keys: GroupKeys,
+    member_id: str,
+    request: HeartbeatRequest,
+    config: CoordinatorConfig,
+    metrics: Metrics,
+) -> Operation[HeartbeatResponse]:
+    def op(group: GroupMetadata | None, now: int) -> Result[HeartbeatResponse]:
         if group is None:
-            self.metrics.metadata_missing.inc()
-            raise group_not_found(self.keys)
-        refusal = join_refusal(group, self.member_id, self.request, self.config)
+            metrics.metadata_missing.inc()
+            raise group_not_found(keys)
+        refusal = join_refusal(group, member_id, request, config)
         if refusal is not None:
-            raise ApiError(400, "TOO_MANY_MEMBERS", refusal)
-        if self.request.metadata_version > group.metadata_version:
-            self.metrics.metadata_version_ahead.inc()
-        try:
-            outcome = handle_heartbeat(group, self.member_id, self.request, now, self.config)
-        except MemberIdInUse as refused:
-            raise ApiError(409, refused.code, str(refused)) from None
-        self.response = outcome.response
-        return outcome.group
+            raise Rejected("TOO_MANY_MEMBERS", refusal)
+        if request.metadata_version > group.metadata_version:
+            metrics.metadata_version_ahead.inc()
+        return handle_heartbeat(group, member_id, request, now, config)
+
+    return op
 
 
-class TickOp:
-    def __init__(self, config: CoordinatorConfig) -> None:
-        self.config = config
-        self.changed = False
+def tick_op(config: CoordinatorConfig) -> Operation[bool]:
+    """Answers whether anything was due."""
 
-    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+    def op(group: GroupMetadata | None, now: int) -> Result[bool]:
         if group is None:
-            return None
-        after = tick(group, now, self.config)
-        self.changed = after is not group
-        return after
+            return Result(None, (), False)
+        after = tick(group, now, config)
+        result = result_of(group, after, False)
+        return Result(result.state, result.changes, result.changed)
+
+    return op
 
 
-class CreateGroupOp:
-    def __init__(self, keys: GroupKeys, layout: Sequence[int]) -> None:
-        self.keys = keys
-        self.layout = list(layout)
-        self.group: GroupMetadata | None = None
-
-    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+def create_group_op(keys: GroupKeys, layout: Sequence[int]) -> Operation[GroupMetadata]:
+    def op(group: GroupMetadata | None, now: int) -> Result[GroupMetadata]:
         if group is not None:
-            raise group_already_exists(self.keys)
-        fresh = new_group(self.keys.stream_prefix, self.keys.consumer_group, len(self.layout), now)
+            raise group_already_exists(keys)
+        fresh = new_group(keys.stream_prefix, keys.consumer_group, len(layout), now)
         # The stream's current layout, which after an ordered reshard is not
         # the identity new_group assumes.
-        self.group = fresh.model_copy(update={"layout": self.layout})
-        return self.group
+        created = fresh.model_copy(update={"layout": list(layout)})
+        return Result(created, (GroupCreated(),), created)
+
+    return op
 
 
-class DeleteGroupOp:
-    def __init__(self, keys: GroupKeys, force: bool) -> None:
-        self.keys = keys
-        self.force = force
-        self.snapshot: GroupMetadata | None = None
+def delete_group_op(keys: GroupKeys, force: bool) -> Operation[GroupMetadata]:
+    """Answers the group as it was before the deletion."""
 
-    def apply(self, group: GroupMetadata | None, now: int) -> GroupMetadata | Deletion | None:
+    def op(group: GroupMetadata | None, now: int) -> Result[GroupMetadata]:
         if group is None:
-            raise group_not_found(self.keys)
+            raise group_not_found(keys)
         if group.active_migration() is not None:
             # Its Redis consumer groups take part in the drain proof of the
             # migration's removed shards; deleting mid-way would strand it.
-            raise ApiError(
-                409,
+            raise CoordinatorError(
                 "ACTIVE_MIGRATION_EXISTS",
                 "the group has an active resharding migration; wait for it to finish "
                 "or roll it back, then delete",
             )
         live = group.live_member_ids()
-        if (live or group.owners) and not self.force:
-            raise ApiError(
-                422,
+        if (live or group.owners) and not force:
+            raise CoordinatorError(
                 "GROUP_NOT_INACTIVE",
                 f"group has {len(live)} live members and {len(group.owners)} held shards; "
                 "let the members leave first, or pass force=true for recovery",
             )
-        self.snapshot = group
-        return DELETE
+        return Result(None, (GroupDeleted(),), group)
+
+    return op
 
 
 # -- the service -------------------------------------------------------------------
@@ -398,12 +431,10 @@ class CoordinatorService:
         self, keys: GroupKeys, member_id: str, request: HeartbeatRequest
     ) -> HeartbeatResponse:
         started = time.perf_counter()
-        op = HeartbeatOp(keys, member_id, request, self.config, self.metrics)
+        op = heartbeat_op(keys, member_id, request, self.config, self.metrics)
         try:
             async with self.gate.critical():
-                await self.executor.submit(keys, op)
-            assert op.response is not None
-            response = op.response
+                response = await self.executor.submit(keys, op)
         except MutexTimeout:
             # Not an HTTP error: the member simply heartbeats again.
             response = HeartbeatResponse(
@@ -421,11 +452,10 @@ class CoordinatorService:
     # -- tick ----------------------------------------------------------------------
 
     async def tick_group(self, keys: GroupKeys) -> bool:
-        op = TickOp(self.config)
-        await self.executor.submit(keys, op)
-        if op.changed:
+        changed = await self.executor.submit(keys, tick_op(self.config))
+        if changed:
             self.metrics.ticks.inc()
-        return op.changed
+        return changed
 
     # -- admin -----------------------------------------------------------------------
 
@@ -433,10 +463,10 @@ class CoordinatorService:
         self, stream_prefix: str, request: CreateStreamRequest, ordering: Ordering | None = None
     ) -> StreamCreateResponse:
         count = request.initial_shard_count or self.settings.default_shard_count
-        async with self.gate.critical(), self._stream_lock(stream_prefix):
+        async with self.gate.critical(), self.stream_lock(stream_prefix):
             if await self.store.read_stream_record(stream_prefix) is not None:
-                raise ApiError(
-                    409, "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists"
+                raise CoordinatorError(
+                    "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists"
                 )
             layout = list(range(count))
             await self._refuse_collisions(stream_prefix, layout)
@@ -455,15 +485,14 @@ class CoordinatorService:
         self, keys: GroupKeys, request: CreateGroupRequest, ordering: Ordering | None = None
     ) -> GroupResponse:
         prefix = keys.stream_prefix
-        async with self.gate.critical(), self._stream_lock(prefix):
+        async with self.gate.critical(), self.stream_lock(prefix):
             record = await read_record(self.store, prefix)
             others = await self._stream_groups(prefix, record, exclude=keys.consumer_group)
             for other in others:
                 active = other.active_migration()
                 if active is not None:
                     # The new group would miss the migration the others are in.
-                    raise ApiError(
-                        409,
+                    raise CoordinatorError(
                         "ACTIVE_MIGRATION_EXISTS",
                         f"stream {prefix!r} is being resharded ({active.resharding_id}, "
                         f"{active.state.value}); create the group once it has finished",
@@ -476,8 +505,7 @@ class CoordinatorService:
             if current is not None:
                 wanted = request.initial_shard_count
                 if wanted is not None and wanted != len(current):
-                    raise ApiError(
-                        409,
+                    raise CoordinatorError(
                         "SHARD_COUNT_MISMATCH",
                         f"stream {prefix!r} has {len(current)} shards; initialShardCount="
                         f"{wanted} does not match (omit it, or scale the stream)",
@@ -488,8 +516,7 @@ class CoordinatorService:
                 layout = list(range(count))
                 await self._refuse_collisions(prefix, layout)
             if record is not None and ordering is not None and ordering != record.ordering:
-                raise ApiError(
-                    409,
+                raise CoordinatorError(
                     "ORDERING_MISMATCH",
                     f"stream {prefix!r} has ordering={record.ordering!r}; the group cannot "
                     f"ask for {ordering!r} (omit it; an ordering given to a scale request "
@@ -512,33 +539,28 @@ class CoordinatorService:
             else:
                 changed = fresh.layout_fields() if record.layout != fresh.layout else {}
                 await self.store.update_stream_record(prefix, {**changed, **fresh.groups_field()})
-            op = CreateGroupOp(keys, layout)
-            self.store.forget(keys)
-            await self.executor.submit(keys, op)
+            self.executor.forget(keys)
+            created = await self.executor.submit(keys, create_group_op(keys, layout))
             await self.store.add_to_index(keys)
-        assert op.group is not None
-        return views.group_response(op.group)
+        return views.group_response(created)
 
     async def delete_group(self, keys: GroupKeys, request: DeleteGroupRequest) -> GroupResponse:
-        op = DeleteGroupOp(keys, request.force)
         prefix = keys.stream_prefix
-        async with self.gate.critical(), self._stream_lock(prefix):
-            await self.executor.submit(keys, op)
+        async with self.gate.critical(), self.stream_lock(prefix):
+            snapshot = await self.executor.submit(keys, delete_group_op(keys, request.force))
             record = await read_record(self.store, prefix)
             if record is not None and keys.consumer_group in record.groups:
                 rest = tuple(g for g in record.groups if g != keys.consumer_group)
                 await self.store.update_stream_record(
                     prefix, replace(record, groups=rest).groups_field()
                 )
-        assert op.snapshot is not None
-        return views.group_response(op.snapshot)
+        return views.group_response(snapshot)
 
     async def _refuse_collisions(self, stream_prefix: str, shards: Sequence[int]) -> None:
         collisions = await self.provisioner.collisions(stream_prefix, shards)
         if collisions:
             shown = ", ".join(collisions[:5]) + (" ..." if len(collisions) > 5 else "")
-            raise ApiError(
-                409,
+            raise CoordinatorError(
                 "STREAM_KEYS_EXIST",
                 f"stream {stream_prefix!r} has no coordinator metadata but its shard keys "
                 f"already hold data: {shown}",
@@ -563,38 +585,48 @@ class CoordinatorService:
             },
         )
         if not created:  # only possible if another writer ignored the stream lock
-            raise ApiError(409, "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists")
+            raise CoordinatorError(
+                "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists"
+            )
 
     async def _stream_groups(
         self, stream_prefix: str, record: StreamRecord | None, exclude: str
     ) -> list[GroupMetadata]:
-        groups = []
-        for name in await stream_group_names(self.store, stream_prefix, record):
-            if name == exclude:
-                continue
-            loaded = await self.store.load(self.keys(stream_prefix, name))
-            if isinstance(loaded, Loaded):
-                groups.append(loaded.group)
-        return groups
+        names = await stream_group_names(self.store, stream_prefix, record)
+        loaded = await self.load_groups(stream_prefix, (n for n in names if n != exclude))
+        return list(loaded.values())
 
-    def _stream_lock(self, stream_prefix: str) -> StreamLock:
+    # -- the stream-wide helpers, shared with the resharding service ------------------
+
+    def stream_lock(self, stream_prefix: str) -> StreamLock:
+        """The mutex of stream-wide changes (creation, scale, rollback, retirement)."""
         return StreamLock(
             self.store, stream_prefix, self.settings.mutex_ttl_ms, self.settings.mutex_wait_ms
         )
+
+    async def load_groups(
+        self, stream_prefix: str, names: Iterable[str]
+    ) -> dict[str, GroupMetadata]:
+        """The named groups of a stream as stored; a deleted group simply drops out."""
+        out: dict[str, GroupMetadata] = {}
+        for name in names:
+            loaded = await self.store.load(self.keys(stream_prefix, name))
+            if loaded is not None:
+                out[name] = loaded.group
+        return out
 
     # -- reads -----------------------------------------------------------------------
 
     async def read_group(self, keys: GroupKeys) -> GroupMetadata:
         loaded = await self.store.load(keys)
-        if loaded is None or loaded is False:
+        if loaded is None:
             raise group_not_found(keys)
-        assert isinstance(loaded, Loaded)
         return loaded.group
 
     async def list_groups(self) -> list[GroupMetadata]:
         groups = []
         for prefix, group in await self.store.indexed_groups():
             loaded = await self.store.load(self.keys(prefix, group))
-            if isinstance(loaded, Loaded):  # a vanished key is skipped, never rebuilt
+            if loaded is not None:  # a vanished key is skipped, never rebuilt
                 groups.append(loaded.group)
         return groups

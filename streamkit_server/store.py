@@ -2,9 +2,15 @@
 
 Keys (``kp`` = key prefix, default ``redis-stream:coord``):
 
-* ``{kp}:{<streamPrefix>:<consumerGroup>}:metadata`` -- hash: ``aggregate``
-  (GroupMetadata JSON), ``revision`` (storeRevision), ``schemaVersion``,
+* ``{kp}:{<streamPrefix>:<consumerGroup>}:metadata`` -- hash (layout 2):
+  ``group`` (the group document: GroupMetadata JSON without its members),
+  ``m:<memberId>`` (one MemberMetadata JSON per member), ``revision``
+  (storeRevision, bumped by every write), ``writeId`` (random id of that
+  write), ``log:<revision % 64>`` (which member records each recent write
+  touched, or that it wrote the document), ``schemaVersion``,
   ``layoutVersion``, ``updatedAt``.  The source of truth.  No TTL, ever.
+  Layout 1 kept the whole group in one ``aggregate`` field; such a group is
+  read as is and rewritten as layout 2 on its next write (under the mutex).
 * ``{kp}:{<streamPrefix>:<consumerGroup>}:mutex`` -- the group mutex; the same
   hash tag puts it in the metadata's slot so one Lua script can touch both.
 * ``{kp}:{<streamPrefix>}:stream`` -- hash describing the stream
@@ -18,13 +24,17 @@ Keys (``kp`` = key prefix, default ``redis-stream:coord``):
   in its own slot, so it is only ever touched by single-key commands.
 
 Writes are revision CAS scripts; every script touches keys of one slot only.
+A steady heartbeat's write sends only its member's record (see
+docs/concepts.md, "How a group is stored", for why that is as safe as
+rewriting the group).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import logging
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, TypeAlias
@@ -32,7 +42,16 @@ from typing import Any, Final, TypeAlias
 import redis.asyncio
 from redis.commands.core import AsyncScript
 
-from streamkit_server.core import LAYOUT_VERSION, SCHEMA_VERSION, GroupMetadata
+from streamkit_server.core import (
+    LAYOUT_VERSION,
+    SCHEMA_VERSION,
+    Change,
+    GroupMetadata,
+    MemberMetadata,
+    MemberRemoved,
+    MemberUpserted,
+    steady,
+)
 from streamkit_server.metrics import Metrics
 
 __all__ = [
@@ -43,6 +62,7 @@ __all__ = [
     "MetadataCorrupt",
     "MetadataStore",
     "MetadataUnsupported",
+    "MutexBusy",
     "RedisClient",
     "StoreError",
 ]
@@ -53,42 +73,92 @@ RedisClient: TypeAlias = redis.asyncio.Redis | redis.asyncio.RedisCluster
 
 INDEX_SEPARATOR: Final = "\x00"
 
-# KEYS: mutex, metadata.  ARGV: token ('' = read without locking), ttl ms, and
-# the (revision, updatedAt, aggregate length) of the copy the caller has parsed
-# already: when they still match, the aggregate is not sent again.
+#: Entries of the write log kept in each group hash (one per revision, in a
+#: ring).  A process whose parsed copy is at most this many revisions old
+#: catches up by reading only the member records written since.
+WRITE_LOG_SIZE: Final = 64
+
+# KEYS: mutex, metadata.  ARGV: token ('' = read without locking), ttl ms,
+# the (revision, writeId) of the copy the caller has parsed already, the size
+# of the write log.  Reply: {0} mutex busy; {2, exists} no group; otherwise
+# {1, revision, schemaVersion, layoutVersion, updatedAt, writeId, mode, ...}
+# where mode is 'same' (the caller's copy is current), 'delta' (member id /
+# record pairs written since the caller's copy: only member-only writes since),
+# 'full' (every field of the hash) or 'v1' (the v1 aggregate).
 _LOAD = """
 if ARGV[1] ~= '' then
   if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     return {0, redis.call('PTTL', KEYS[1])}
   end
 end
-local m = redis.call('HMGET', KEYS[2], 'revision', 'schemaVersion', 'layoutVersion', 'updatedAt')
+local m = redis.call('HMGET', KEYS[2], 'revision', 'schemaVersion', 'layoutVersion',
+  'updatedAt', 'writeId')
 if not m[1] then
   if ARGV[1] ~= '' then redis.call('DEL', KEYS[1]) end
   return {2, redis.call('EXISTS', KEYS[2])}
 end
-local len = redis.call('HSTRLEN', KEYS[2], 'aggregate')
-if m[1] == ARGV[3] and m[4] == ARGV[4] and tostring(len) == ARGV[5] then
-  return {1, m[1], m[2], m[3], m[4], len}
+local head = {1, m[1], m[2] or false, m[3] or false, m[4] or false, m[5] or false}
+if m[3] == '1' then
+  head[7] = 'v1'
+  head[8] = redis.call('HGET', KEYS[2], 'aggregate') or false
+  return head
 end
-return {1, m[1], m[2], m[3], m[4], len, redis.call('HGET', KEYS[2], 'aggregate')}
+if m[3] ~= '2' then head[7] = 'unsupported' return head end
+if m[1] == ARGV[3] and m[5] == ARGV[4] then head[7] = 'same' return head end
+local have, now, size = tonumber(ARGV[3]), tonumber(m[1]), tonumber(ARGV[5])
+if have and now and now > have and now - have < size then
+  local ids, ok = {}, true
+  for r = have, now do
+    local raw = redis.call('HGET', KEYS[2], 'log:' .. string.format('%d', r % size))
+    if not raw then ok = false break end
+    local e = cjson.decode(raw)
+    if e[1] ~= r then ok = false break end
+    if r == have then
+      if e[2] ~= ARGV[4] then ok = false break end
+    elseif e[3] ~= 0 then ok = false break
+    else for _, id in ipairs(e[4]) do ids[#ids + 1] = id end end
+  end
+  if ok then
+    head[7] = 'delta'
+    for _, id in ipairs(ids) do
+      head[#head + 1] = id
+      head[#head + 1] = redis.call('HGET', KEYS[2], 'm:' .. id) or false
+    end
+    return head
+  end
+end
+head[7] = 'full'
+local all = redis.call('HGETALL', KEYS[2])
+for i = 1, #all do head[7 + i] = all[i] end
+return head
 """
 
 # KEYS: metadata, mutex.  ARGV: expected revision ('' = create, only if the key
-# is absent), aggregate, schemaVersion, layoutVersion, updatedAt, mutex token.
-# The mutex is released in the same round trip whether or not the CAS passed.
+# is absent), mutex token, then the fields to set as pairs, an empty string,
+# then the fields to delete.  The caller sends revision, writeId and the log
+# entry of the new revision among the fields (it knows the new revision: the
+# expected one plus one).  The mutex is released in the same round trip
+# whether or not the CAS passed.
 _COMMIT = """
 local cur = redis.call('HGET', KEYS[1], 'revision')
 local ok
 if ARGV[1] == '' then ok = redis.call('EXISTS', KEYS[1]) == 0 else ok = cur == ARGV[1] end
-local new = ''
 if ok then
-  if ARGV[1] == '' then new = '1' else new = string.format('%d', tonumber(ARGV[1]) + 1) end
-  redis.call('HSET', KEYS[1], 'aggregate', ARGV[2], 'revision', new,
-    'schemaVersion', ARGV[3], 'layoutVersion', ARGV[4], 'updatedAt', ARGV[5])
+  -- In chunks: unpack() of a whole 10,000-member group would overflow Lua's stack.
+  local sets, i = {}, 3
+  while ARGV[i] ~= '' do
+    sets[#sets + 1] = ARGV[i]
+    sets[#sets + 1] = ARGV[i + 1]
+    i = i + 2
+    if #sets >= 1000 then redis.call('HSET', KEYS[1], unpack(sets)) sets = {} end
+  end
+  if #sets > 0 then redis.call('HSET', KEYS[1], unpack(sets)) end
+  for j = i + 1, #ARGV, 1000 do
+    redis.call('HDEL', KEYS[1], unpack(ARGV, j, math.min(j + 999, #ARGV)))
+  end
 end
-if ARGV[6] ~= '' and redis.call('GET', KEYS[2]) == ARGV[6] then redis.call('DEL', KEYS[2]) end
-if ok then return {1, new} end
+if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('DEL', KEYS[2]) end
+if ok then return 1 end
 return {0, cur}
 """
 
@@ -135,6 +205,10 @@ class MetadataCorrupt(StoreError):
     error_code = "METADATA_CORRUPT"
 
 
+class MutexBusy(Exception):
+    """The group mutex is held by someone else (``load`` with a token)."""
+
+
 @dataclass(frozen=True, slots=True)
 class GroupKeys:
     stream_prefix: str
@@ -153,12 +227,13 @@ class Loaded:
 
     keys: GroupKeys
     revision: int
+    #: Random id of the write that produced ``revision``: after a restore the
+    #: same revision number can come back with other contents.
+    write_id: str
     updated_at: str
-    aggregate_len: int
     group: GroupMetadata
-    #: Set when this process had seen a later revision of the group: Redis lost
-    #: writes.  Holds the highest metadataVersion this process saw.
-    regressed_from_version: int | None = None
+    #: The layout found in Redis; a v1 group is rewritten as v2 on its next write.
+    layout_version: int = LAYOUT_VERSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,12 +264,10 @@ class MetadataStore:
         self._release: AsyncScript = client.register_script(_RELEASE)
         self._create_hash: AsyncScript = client.register_script(_CREATE_HASH)
         self._renew: AsyncScript = client.register_script(_RENEW)
-        # Parse cache only: the revision is always read from Redis first and an
-        # entry is used only when (revision, updatedAt, aggregate length) all
-        # still match what Redis holds.
+        # Parse cache only: an entry is used when Redis still holds its
+        # (revision, writeId), or brought up to date from the member records
+        # written since (the write log proves nothing else changed).
         self._parsed: dict[str, Loaded] = {}
-        # Highest revision seen per group lifecycle (created_at_ms, revision).
-        self._highest: dict[str, tuple[int, int, int]] = {}
 
     # -- keys ----------------------------------------------------------------
 
@@ -215,120 +288,143 @@ class MetadataStore:
 
     # -- group metadata ------------------------------------------------------
 
-    async def load(self, keys: GroupKeys, token: str = "", ttl_ms: int = 0) -> Loaded | bool | None:
+    async def load(self, keys: GroupKeys, token: str = "", ttl_ms: int = 0) -> Loaded | None:
         """Read a group; with ``token`` also take its mutex in the same round trip.
 
-        Returns the group, ``None`` when the metadata key does not exist, or
-        ``False`` when ``token`` was given and the mutex is held by someone else.
-        Raises ``StoreError`` when the metadata cannot be trusted.
+        Returns ``None`` when the metadata key does not exist.  Raises
+        ``MutexBusy`` when ``token`` was given and the mutex is held by someone
+        else, ``StoreError`` when the metadata cannot be trusted (the mutex is
+        then given back).
         """
-        cached = self._parsed.get(keys.metadata)
-        known = (
-            (str(cached.revision), cached.updated_at, str(cached.aggregate_len))
-            if cached is not None
-            else ("", "", "")
-        )
-        reply = await self._load(keys=[keys.mutex, keys.metadata], args=[token, ttl_ms, *known])
-        status = int(reply[0])
-        if status == 0:
-            return False
-        if status == 2:
-            self._parsed.pop(keys.metadata, None)
-            if int(reply[1]):
-                self.metrics.schema_errors.inc()
-                raise MetadataCorrupt(f"metadata hash {keys.metadata} has no revision field")
-            return None
-        revision_raw, schema, layout, updated_raw, length = reply[1:6]
-        if (
-            schema is None
-            or layout is None
-            or _s(schema) != str(SCHEMA_VERSION)
-            or (_s(layout) != str(LAYOUT_VERSION))
-        ):
+        try:
+            try:
+                return await self._load_once(keys, token, ttl_ms)
+            except _StaleCache:
+                # Read everything instead; a mutex asked for is ours already.
+                self._parsed.pop(keys.metadata, None)
+                return await self._load_once(keys, "", 0)
+        except StoreError:
             if token:
                 await self.release(keys.mutex, token)
             self.metrics.schema_errors.inc()
+            raise
+
+    async def _load_once(self, keys: GroupKeys, token: str, ttl_ms: int) -> Loaded | None:
+        cached = self._parsed.get(keys.metadata)
+        known = (str(cached.revision), cached.write_id) if cached is not None else ("", "")
+        reply = await self._load(
+            keys=[keys.mutex, keys.metadata], args=[token, ttl_ms, *known, WRITE_LOG_SIZE]
+        )
+        status = int(reply[0])
+        if status == 0:
+            raise MutexBusy(keys.mutex)
+        if status == 2:
+            self._parsed.pop(keys.metadata, None)
+            if int(reply[1]):
+                raise MetadataCorrupt(f"metadata hash {keys.metadata} has no revision field")
+            return None
+        revision_raw, schema, layout, updated_raw, write_raw, mode_raw = reply[1:7]
+        mode = _s(mode_raw)
+        if schema is None or _s(schema) != str(SCHEMA_VERSION) or mode == "unsupported":
             raise MetadataUnsupported(
                 f"group metadata {keys.metadata} has schemaVersion={_opt(schema)} "
-                f"layoutVersion={_opt(layout)}; this coordinator understands only "
-                f"schemaVersion={SCHEMA_VERSION} layoutVersion={LAYOUT_VERSION}"
+                f"layoutVersion={_opt(layout)}; this coordinator understands "
+                f"schemaVersion={SCHEMA_VERSION} with layoutVersion 1 (upgraded on the next "
+                f"write) or {LAYOUT_VERSION}"
             )
         try:
             revision = int(revision_raw)
         except ValueError as exc:
-            if token:
-                await self.release(keys.mutex, token)
-            self.metrics.schema_errors.inc()
             raise MetadataCorrupt(f"metadata {keys.metadata} has a non-numeric revision") from exc
         updated_at = _s(updated_raw) if updated_raw is not None else ""
-        if len(reply) > 6:
-            try:
-                group = GroupMetadata.model_validate_json(reply[6])
-            except ValueError as exc:
-                if token:
-                    await self.release(keys.mutex, token)
-                self.metrics.schema_errors.inc()
-                raise MetadataCorrupt(
-                    f"metadata {keys.metadata} holds an aggregate that does not parse"
-                ) from exc
-            loaded = Loaded(keys, revision, updated_at, int(length), group)
-            self._parsed[keys.metadata] = loaded
-        else:
-            assert cached is not None
-            loaded = cached
-        return self._observe(loaded, locked=bool(token))
-
-    def _observe(self, loaded: Loaded, *, locked: bool) -> Loaded:
-        key = loaded.keys.metadata
-        lifecycle = loaded.group.created_at_ms
-        version = loaded.group.metadata_version
-        seen = self._highest.get(key)
-        if seen is not None and seen[0] == lifecycle and loaded.revision < seen[1]:
-            # Reported once, to a caller holding the mutex: it opens a
-            # correction round and writes it, and from then on the new, lower
-            # revision line is the one to follow.  A read-only load (tick scan,
-            # monitoring) must not consume the report, or no round would open.
-            if not locked:
-                return loaded
-            self.metrics.metadata_regression.inc()
-            log.warning(
-                "metadata revision regression for %s: this process saw revision %d, "
-                "Redis now holds %d (lost writes, failover or restore); "
-                "opening a metadata correction round",
-                key,
-                seen[1],
-                loaded.revision,
-            )
-            self._highest[key] = (lifecycle, loaded.revision, version)
-            return dataclasses.replace(loaded, regressed_from_version=max(seen[2], version))
-        if seen is None or seen[0] != lifecycle or loaded.revision > seen[1]:
-            self._highest[key] = (lifecycle, loaded.revision, version)
+        write_id = _s(write_raw) if write_raw is not None else ""
+        try:
+            if mode == "same":
+                assert cached is not None
+                return cached
+            if mode == "delta":
+                assert cached is not None
+                group = _apply_delta(cached.group, reply[7:])
+                loaded = Loaded(keys, revision, write_id, updated_at, group)
+            elif mode == "v1":
+                if reply[7] is None:
+                    raise MetadataCorrupt(f"metadata {keys.metadata} has no aggregate")
+                group = GroupMetadata.model_validate_json(reply[7])
+                loaded = Loaded(keys, revision, write_id, updated_at, group, layout_version=1)
+            else:
+                loaded = Loaded(keys, revision, write_id, updated_at, _parse_full(reply[7:]))
+        except ValueError as exc:
+            raise MetadataCorrupt(
+                f"metadata {keys.metadata} holds a record that does not parse"
+            ) from exc
+        self._parsed[keys.metadata] = loaded
         return loaded
 
     async def commit(
-        self, loaded: Loaded | None, keys: GroupKeys, group: GroupMetadata, token: str
+        self,
+        loaded: Loaded | None,
+        keys: GroupKeys,
+        group: GroupMetadata,
+        changes: Sequence[Change],
+        token: str,
     ) -> CommitResult:
-        """Write ``group`` if Redis still holds ``loaded.revision`` (or nothing, to create).
+        """Write ``changes`` (taken from ``group``) if Redis still holds ``loaded.revision``.
 
-        Also releases the mutex ``token`` in the same round trip.
+        ``loaded`` is None to create the group (only if the key is absent).  A
+        write of member records only (a steady heartbeat) sends just those
+        records; a create, a v1 group and a document change write the group
+        document too.  Also releases the mutex ``token`` in the same round trip.
         """
-        aggregate = group.model_dump_json(by_alias=True)
-        updated_at = _now_iso()
+        whole = loaded is None or loaded.layout_version != LAYOUT_VERSION
+        document = whole or not steady(changes)
+        revision = 1 if loaded is None else loaded.revision + 1
+        write_id = secrets.token_hex(8)
+        # Stamped on document writes only: a steady heartbeat sends no more
+        # than it must (its member record carries its own time).
+        updated_at = _now_iso() if document or loaded is None else loaded.updated_at
+        sets = ["revision", str(revision), "writeId", write_id]
+        deletes: list[str] = []
+        written: list[str] = []
+        if document:
+            sets += [
+                "updatedAt",
+                updated_at,
+                "group",
+                group.model_dump_json(by_alias=True, exclude={"members"}),
+                "schemaVersion",
+                str(SCHEMA_VERSION),
+                "layoutVersion",
+                str(LAYOUT_VERSION),
+            ]
+        if whole:
+            for member_id, member in group.members.items():
+                sets += [f"m:{member_id}", _member_json(member)]
+            if loaded is not None:
+                deletes.append("aggregate")  # the v1 layout's single field
+        else:
+            for change in changes:
+                if isinstance(change, MemberUpserted):
+                    member_id = change.member.member_id
+                    member = group.members[member_id]
+                    sets += [f"m:{member_id}", _member_json(member)]
+                    written.append(member_id)
+                elif isinstance(change, MemberRemoved):
+                    deletes.append(f"m:{change.member_id}")
+        entry = [revision, write_id, 1 if document else 0, [] if document else written]
+        sets += [f"log:{revision % WRITE_LOG_SIZE}", json.dumps(entry, separators=(",", ":"))]
         expected = "" if loaded is None else str(loaded.revision)
         reply = await self._commit(
-            keys=[keys.metadata, keys.mutex],
-            args=[expected, aggregate, SCHEMA_VERSION, LAYOUT_VERSION, updated_at, token],
+            keys=[keys.metadata, keys.mutex], args=[expected, token, *sets, "", *deletes]
         )
-        if not int(reply[0]):
+        if reply != 1:
             self.metrics.state_conflicts.inc()
+            self._parsed.pop(keys.metadata, None)
             current = reply[1]
             return CommitResult(False, int(current) if current is not None else None, None)
         self.metrics.store_writes.inc()
-        revision = int(reply[1])
-        written = Loaded(keys, revision, updated_at, len(aggregate.encode()), group)
-        self._parsed[keys.metadata] = written
-        self._observe(written, locked=True)
-        return CommitResult(True, revision, written)
+        result = Loaded(keys, revision, write_id, updated_at, group)
+        self._parsed[keys.metadata] = result
+        return CommitResult(True, revision, result)
 
     async def delete(self, loaded: Loaded, token: str) -> bool:
         keys = loaded.keys
@@ -337,20 +433,20 @@ class MetadataStore:
         )
         if deleted:
             self._parsed.pop(keys.metadata, None)
-            self._highest.pop(keys.metadata, None)
             await self.client.srem(self.index_key, keys.index_member)
         return deleted
 
     def forget(self, keys: GroupKeys) -> None:
         """Drop what this process remembers of a group (it is being recreated)."""
         self._parsed.pop(keys.metadata, None)
-        self._highest.pop(keys.metadata, None)
 
     # -- mutexes -------------------------------------------------------------
 
     @staticmethod
     def new_token() -> str:
-        return secrets.token_hex(16)
+        # 64 random bits: unique among the holders of one mutex, and short,
+        # since it is sent twice per heartbeat.
+        return secrets.token_hex(8)
 
     async def try_lock(self, key: str, token: str, ttl_ms: int) -> bool:
         return bool(await self.client.set(key, token, nx=True, px=ttl_ms))
@@ -416,6 +512,43 @@ class MetadataStore:
                 await self.client.sadd(self.index_key, f"{prefix}{INDEX_SEPARATOR}{group}")
                 found += 1
         return found
+
+
+def _parse_full(flat: Sequence[Any]) -> GroupMetadata:
+    """A group from every field of its v2 hash (name, value, name, value, ...)."""
+    document = None
+    members: dict[str, MemberMetadata] = {}
+    for i in range(0, len(flat) - 1, 2):
+        name = _s(flat[i])
+        if name.startswith("m:"):
+            members[name[2:]] = MemberMetadata.model_validate_json(flat[i + 1])
+        elif name == "group":
+            document = flat[i + 1]
+    if document is None:
+        raise ValueError("no group document")
+    group = GroupMetadata.model_validate_json(document)
+    group.members = members
+    return group
+
+
+def _member_json(member: MemberMetadata) -> str:
+    # Every field, so fields added later are carried; defaults are left out
+    # (parsing restores them), which halves a typical record.
+    return member.model_dump_json(by_alias=True, exclude_defaults=True)
+
+
+class _StaleCache(Exception):
+    """A member record the write log names is gone: the parsed copy cannot be patched."""
+
+
+def _apply_delta(group: GroupMetadata, flat: Sequence[Any]) -> GroupMetadata:
+    """``group`` with the member records written since (id, record, id, record, ...)."""
+    members = dict(group.members)
+    for i in range(0, len(flat) - 1, 2):
+        if flat[i + 1] is None:
+            raise _StaleCache
+        members[_s(flat[i])] = MemberMetadata.model_validate_json(flat[i + 1])
+    return group.model_copy(update={"members": members})
 
 
 def _opt(value: Any) -> str:

@@ -32,7 +32,7 @@ from typing import Final, Literal, TypeAlias
 from redis.exceptions import RedisError
 
 from streamkit_server.core import GroupMetadata
-from streamkit_server.errors import ApiError
+from streamkit_server.errors import CoordinatorError
 from streamkit_server.store import MetadataStore
 
 __all__ = [
@@ -79,8 +79,7 @@ class StreamRecord:
         except (KeyError, ValueError):
             valid = False
         if not valid:
-            raise ApiError(
-                503,
+            raise CoordinatorError(
                 "METADATA_CORRUPT",
                 f"stream layout record of {stream_prefix!r} is unreadable "
                 "(shardCount/layout/ordering/groups); repair it from the group metadata",
@@ -126,8 +125,7 @@ def common_layout(stream_prefix: str, groups: Iterable[GroupMetadata]) -> tuple[
     """
     layouts = {tuple(g.layout) for g in groups}
     if len(layouts) > 1:
-        raise ApiError(
-            503,
+        raise CoordinatorError(
             "LAYOUT_DIVERGED",
             f"the consumer groups of stream {stream_prefix!r} route to different shard "
             f"layouts ({sorted(layouts)}); repair the group metadata before changing the stream",
@@ -159,12 +157,10 @@ class StreamLock:
         deadline = time.monotonic() + self.wait_ms / 1000
         while not await self.try_acquire():
             if time.monotonic() > deadline:
-                raise ApiError(
-                    503,
+                raise CoordinatorError(
                     "COORDINATOR_BUSY",
                     f"stream {self.stream_prefix!r} is being changed (scale, rollback or "
                     "shard retirement in progress); retry",
-                    {"Retry-After": "1"},
                 )
             await asyncio.sleep(0.01)
         return self
@@ -189,8 +185,7 @@ class StreamLock:
     def check(self) -> None:
         """Raise before an irreversible step if the lock expired under us."""
         if self.lost:
-            raise ApiError(
-                503,
+            raise CoordinatorError(
                 "COORDINATOR_BUSY",
                 f"lost the lock of stream {self.stream_prefix!r} (Redis too slow?); "
                 "the tick loop finishes the change",

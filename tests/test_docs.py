@@ -130,6 +130,7 @@ def test_every_metric_is_documented() -> None:
 
 _CODE_PATTERNS = (
     re.compile(r"ApiError\(\s*\d{3},\s*\"([A-Z][A-Z0-9_]+)\""),
+    re.compile(r"CoordinatorError\(\s*\"([A-Z][A-Z0-9_]+)\""),
     re.compile(r"error_response\(\s*\d{3},\s*\"([A-Z][A-Z0-9_]+)\""),
     re.compile(r"^\s*error_code = \"([A-Z][A-Z0-9_]+)\"", re.MULTILINE),
 )

@@ -28,7 +28,7 @@ from streamkit_server.api.bodies import (
 )
 from streamkit_server.api.deps import group_keys, require, runtime
 from streamkit_server.api.errors import status_for
-from streamkit_server.errors import ApiError
+from streamkit_server.errors import Rejected
 from streamkit_server.provisioning import validate_stream_prefix
 from streamkit_server.security import Principal, Role
 from streamkit_server.store import GroupKeys
@@ -173,7 +173,7 @@ async def producer_routing(request: Request, keys: Keys, principal: Reader) -> J
     service = runtime(request).service
     try:
         group = await service.read_group(keys)
-    except ApiError as exc:
+    except Rejected as exc:
         if exc.error_code == "GROUP_NOT_FOUND":
             service.metrics.metadata_missing.inc()
         raise

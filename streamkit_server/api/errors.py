@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamkit.protocol import ErrorResponse
-from streamkit_server.errors import ApiError
+from streamkit_server.errors import ApiError, Rejected
 from streamkit_server.gate import CoordinatorTerminating
 from streamkit_server.mutex import MutexTimeout
 from streamkit_server.security import AuthError
@@ -41,6 +41,39 @@ _HTTP_CODES = {
     422: "UNPROCESSABLE",
     429: "TOO_MANY_REQUESTS",
 }
+
+
+#: The HTTP status of every error code the service and the core raise
+#: (``Rejected``): the one place where a refusal becomes a status.
+STATUS_BY_CODE: dict[str, int] = {
+    "INVALID_STREAM_PREFIX": 400,
+    "INVALID_CONSUMER_GROUP": 400,
+    "INVALID_MEMBER_ID": 400,
+    "INVALID_TARGET_SHARD_COUNT": 400,
+    "GROUP_NOT_FOUND": 404,
+    "STREAM_NOT_FOUND": 404,
+    "MIGRATION_NOT_FOUND": 404,
+    "TOO_MANY_MEMBERS": 400,
+    "GROUP_ALREADY_EXISTS": 409,
+    "MEMBER_ID_IN_USE": 409,
+    "STREAM_ALREADY_EXISTS": 409,
+    "STREAM_KEYS_EXIST": 409,
+    "ACTIVE_MIGRATION_EXISTS": 409,
+    "SHARD_COUNT_MISMATCH": 409,
+    "ORDERING_MISMATCH": 409,
+    "NO_CONSUMER_GROUPS": 409,
+    "LAYOUT_CHANGED": 409,
+    "GROUP_NOT_INACTIVE": 422,
+    "SHARD_COUNT_UNCHANGED": 422,
+    "ROLLBACK_NOT_ALLOWED": 422,
+    # Server-side conditions an operator or a retry resolves.
+    "COORDINATOR_BUSY": 503,
+    "LAYOUT_DIVERGED": 503,
+    "METADATA_CORRUPT": 503,
+    "REDIS_STREAM_PROVISIONING_FAILED": 503,
+}
+#: Codes whose answer tells the client when to retry.
+_RETRY_AFTER = frozenset({"COORDINATOR_BUSY"})
 
 
 def error_response(
@@ -108,6 +141,12 @@ async def _api(request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, exc.error_code, exc.message, exc.headers or None)
 
 
+async def _rejected(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Rejected)
+    headers = {"Retry-After": "1"} if exc.error_code in _RETRY_AFTER else None
+    return error_response(status_for(exc), exc.error_code, exc.message, headers)
+
+
 async def _auth(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, AuthError)
     return error_response(401, "UNAUTHORIZED", exc.message, {"WWW-Authenticate": exc.challenge})
@@ -148,6 +187,9 @@ def status_for(exc: BaseException) -> int:
     """The HTTP status the handlers above answer ``exc`` with (for the audit log)."""
     if isinstance(exc, ApiError):
         return exc.status_code
+    if isinstance(exc, Rejected):
+        # An unmapped code is a bug of ours, not the client's: 500 says so.
+        return STATUS_BY_CODE.get(exc.error_code, 500)
     if isinstance(exc, AuthError):
         return 401
     if isinstance(
@@ -166,6 +208,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(ApiError, _api)
+    app.add_exception_handler(Rejected, _rejected)
     app.add_exception_handler(AuthError, _auth)
     app.add_exception_handler(CoordinatorTerminating, _terminating)
     app.add_exception_handler(MutexTimeout, _busy)

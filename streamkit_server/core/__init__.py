@@ -7,7 +7,7 @@ write the result with a revision CAS and answer from what was written.
 
 from .assignor import assign, moved_count
 from .config import CoordinatorConfig
-from .heartbeat import HeartbeatOutcome, handle_heartbeat
+from .heartbeat import handle_heartbeat
 from .limits import MAX_SHARD_COUNT, join_refusal
 from .model import (
     LAYOUT_VERSION,
@@ -30,34 +30,61 @@ from .resharding import (
     rollback_resharding,
     start_resharding,
 )
+from .result import (
+    Change,
+    GroupCreated,
+    GroupDeleted,
+    GroupDocumentChanged,
+    MemberRemoved,
+    MemberUpserted,
+    Result,
+    diff,
+    merge_changes,
+    result_of,
+    steady,
+)
+from .rollback import Observation, Seen, observe
 from .timeouts import begin_correction, next_deadline_ms, tick
 
 __all__ = [
     "LAYOUT_VERSION",
     "MAX_SHARD_COUNT",
     "SCHEMA_VERSION",
+    "Change",
     "CoordinatorConfig",
     "CorrectionRound",
+    "GroupCreated",
+    "GroupDeleted",
+    "GroupDocumentChanged",
     "GroupMetadata",
-    "HeartbeatOutcome",
     "MemberMetadata",
+    "MemberRemoved",
+    "MemberUpserted",
     "MigrationRecord",
+    "Observation",
     "ReshardingRejected",
     "ReshardingWork",
+    "Result",
+    "Seen",
     "ShardProgress",
     "apply_drain_probe",
     "apply_retirement",
     "assign",
     "begin_correction",
     "complete_provisioning",
+    "diff",
     "fail_provisioning",
     "handle_heartbeat",
     "join_refusal",
+    "merge_changes",
     "moved_count",
     "new_group",
     "next_deadline_ms",
+    "observe",
     "pending_work",
+    "result_of",
     "rollback_resharding",
     "start_resharding",
+    "steady",
     "tick",
 ]

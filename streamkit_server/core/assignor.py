@@ -10,7 +10,6 @@ excess is taken away.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Mapping
 
 
@@ -41,21 +40,21 @@ def assign(
     for member in member_list:
         mine = kept[member]
         cap = quota[member]
-        for shard in mine[:cap]:
-            result[shard] = member
+        result.update(dict.fromkeys(mine[:cap], member))
         free.extend(mine[cap:])
         del mine[cap:]
 
+    # Every member ends exactly at its quota (the quotas add up to the shard
+    # count), so the free shards are dealt out in one pass: the emptiest
+    # members first, each taking what it lacks.  No heap: 100,000 shards over
+    # 10,000 members stay a few list slices.
     free.sort()
-    # Fill the emptiest members first so a newcomer is brought up to its quota
-    # before anyone else gets more.
-    heap = [(len(kept[m]), m) for m in member_list if len(kept[m]) < quota[m]]
-    heapq.heapify(heap)
-    for shard in free:
-        load, member = heapq.heappop(heap)
-        result[shard] = member
-        if load + 1 < quota[member]:
-            heapq.heappush(heap, (load + 1, member))
+    position = 0
+    for member in sorted(member_list, key=lambda m: (len(kept[m]), m)):
+        need = quota[member] - len(kept[member])
+        if need > 0:
+            result.update(dict.fromkeys(free[position : position + need], member))
+            position += need
     return result
 
 

@@ -32,12 +32,16 @@ class Draft:
         self.observable = False
         self.membership_changed = False
         self.timeouts_scanned = False
+        # Member ids whose record may have changed (added, updated, removed):
+        # lets the result list its changes without comparing every member.
+        self.touched: set[str] = set()
 
     # -- members ---------------------------------------------------------
 
     def _update_member(self, member_id: str, **changes: object) -> MemberMetadata:
         member = self.group.members[member_id].model_copy(update=changes)
         self.group.members[member_id] = member
+        self.touched.add(member_id)
         self.dirty = True
         return member
 
@@ -56,6 +60,7 @@ class Draft:
             joined_at_ms=self.now,
             last_heartbeat_ms=self.now,
         )
+        self.touched.add(member_id)
         self.dirty = self.observable = self.membership_changed = True
         self.rebalance()
 
@@ -313,6 +318,7 @@ class Draft:
                 and self.now > member.dead_since_ms + cfg.dead_member_retention_ms
             ):
                 del self.group.members[member_id]
+                self.touched.add(member_id)
                 self.dirty = True
         self._maybe_close_correction()
 

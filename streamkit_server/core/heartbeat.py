@@ -1,8 +1,8 @@
 """The heartbeat decision: a pure function of (group, request, now, config).
 
-The caller (the HTTP layer) loads the group under the group mutex, calls
-``handle_heartbeat``, writes ``outcome.group`` with a revision CAS when
-``outcome.changed`` and only then sends ``outcome.response``.  Nothing here
+The service loads the group under the group mutex, calls ``handle_heartbeat``,
+writes ``result.changes`` with a revision CAS and only then sends
+``result.response``.  Nothing here
 does I/O or reads a clock.
 
 Rules, in the order they are applied (each names the SPEC/seed rule):
@@ -51,19 +51,20 @@ from streamkit.protocol import (
 
 from .config import CoordinatorConfig
 from .draft import Draft
+from .errors import Rejected
 from .model import GroupMetadata, MemberMetadata
+from .result import Result, result_of
 
 
-class MemberIdInUse(Exception):
+class MemberIdInUse(Rejected):
     """A join for a member id that a live process of another incarnation holds."""
-
-    code = "MEMBER_ID_IN_USE"
 
     def __init__(self, member_id: str, holder_name: str | None) -> None:
         holder = f" ({holder_name})" if holder_name else ""
         super().__init__(
+            "MEMBER_ID_IN_USE",
             f"member id {member_id!r} is in use by another process{holder}; two processes "
-            "must not share a member id (the join is retried once the holder's lease has ended)"
+            "must not share a member id (the join is retried once the holder's lease has ended)",
         )
         self.member_id = member_id
         self.holder_name = holder_name
@@ -71,10 +72,10 @@ class MemberIdInUse(Exception):
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatOutcome:
+    """What one rule decided; ``handle_heartbeat`` turns it into a ``Result``."""
+
     group: GroupMetadata
     response: HeartbeatResponse
-    # True when ``group`` differs from the input and must be written (with CAS)
-    # before the response is sent.
     changed: bool
 
 
@@ -84,17 +85,25 @@ def handle_heartbeat(
     request: HeartbeatRequest,
     now_ms: int,
     config: CoordinatorConfig,
-) -> HeartbeatOutcome:
+) -> Result[HeartbeatResponse]:
+    """The answer to one heartbeat and the changes to write before sending it."""
     if not config.min_protocol_version <= request.protocol_version <= config.max_protocol_version:
-        return _reject(group, request, HeartbeatStatus.UNSUPPORTED_PROTOCOL, config)
-    if request.member_id != member_id:
-        return _reject(group, request, HeartbeatStatus.INVALID_REQUEST, config)
-    if request.member_epoch < LEAVE_EPOCH and not (
+        outcome = _reject(group, request, HeartbeatStatus.UNSUPPORTED_PROTOCOL, config)
+        return Result(group, (), outcome.response)
+    bad_epoch = request.member_epoch < LEAVE_EPOCH and not (
         request.member_epoch == STATIC_LEAVE_EPOCH and request.incarnation
-    ):
-        return _reject(group, request, HeartbeatStatus.INVALID_REQUEST, config)
-
+    )
+    if request.member_id != member_id or bad_epoch:
+        outcome = _reject(group, request, HeartbeatStatus.INVALID_REQUEST, config)
+        return Result(group, (), outcome.response)
     draft = Draft(group, now_ms, config)
+    outcome = _decide(draft, member_id, request)
+    # The draft knows which members it touched: a steady heartbeat lists one
+    # change without looking at the other members.
+    return result_of(group, outcome.group, outcome.response, draft.touched)
+
+
+def _decide(draft: Draft, member_id: str, request: HeartbeatRequest) -> HeartbeatOutcome:
     draft.apply_timeouts()
     if request.metadata_version > draft.group.metadata_version:
         draft.open_correction(request.metadata_version)

@@ -1,4 +1,5 @@
-"""The coordinator's group aggregate: the value stored in Redis as ``aggregate``.
+"""The coordinator's group aggregate: a group document plus one record per member
+(see ``store.py`` for how they are laid out in Redis).
 
 Ownership is kept as two shard -> member maps:
 
@@ -21,7 +22,9 @@ from pydantic.alias_generators import to_camel
 from streamkit.protocol import GroupState, MemberState, MigrationState
 
 SCHEMA_VERSION = 1
-LAYOUT_VERSION = 1
+# 1: the whole aggregate in one hash field; 2: a group document plus one hash
+# field per member, so a steady heartbeat writes only its member's record.
+LAYOUT_VERSION = 2
 
 #: "Nothing is due": the timeout bound of a group with no member, no
 #: migration and no correction round.

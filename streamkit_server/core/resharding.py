@@ -34,16 +34,12 @@ from streamkit.protocol import MigrationState
 
 from .config import CoordinatorConfig
 from .draft import Draft
+from .errors import Rejected
 from .model import GroupMetadata, MigrationRecord
 
 
-class ReshardingRejected(ValueError):
+class ReshardingRejected(Rejected):
     """A resharding request the current state does not allow."""
-
-    def __init__(self, error_code: str, message: str, status_code: int) -> None:
-        super().__init__(message)
-        self.error_code = error_code
-        self.status_code = status_code
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,20 +77,15 @@ def start_resharding(
     groups of a stream allocate the same numbers.
     """
     if target_shard_count < 0:
-        raise ReshardingRejected(
-            "INVALID_TARGET_SHARD_COUNT", "targetShardCount must be 0 or more", 400
-        )
+        raise ReshardingRejected("INVALID_TARGET_SHARD_COUNT", "targetShardCount must be 0 or more")
     if group.active_migration() is not None:
         raise ReshardingRejected(
             "ACTIVE_MIGRATION_EXISTS",
             f"{group.stream_prefix}/{group.consumer_group} already has an active migration",
-            409,
         )
     if target_shard_count == group.shard_count and not ordered:
         raise ReshardingRejected(
-            "SHARD_COUNT_UNCHANGED",
-            f"the stream already has {target_shard_count} shards",
-            422,
+            "SHARD_COUNT_UNCHANGED", f"the stream already has {target_shard_count} shards"
         )
     layout = group.layout
     if ordered:
@@ -251,7 +242,6 @@ def rollback_resharding(
             f"migration {resharding_id} is {migration.state.value}"
             + (" and has retired shards" if migration.retired_shards else "")
             + "; it can no longer be rolled back",
-            422,
         )
     # Shards the migration was draining go back to being ordinary shards, and
     # the ones it added are drained instead (producers may have written there).
@@ -336,9 +326,7 @@ def _migration(draft: Draft, resharding_id: str) -> MigrationRecord:
     for migration in draft.group.migrations:
         if migration.resharding_id == resharding_id:
             return migration
-    raise ReshardingRejected(
-        "MIGRATION_NOT_FOUND", f"no migration {resharding_id} for this group", 404
-    )
+    raise ReshardingRejected("MIGRATION_NOT_FOUND", f"no migration {resharding_id} for this group")
 
 
 def _update_migration(draft: Draft, resharding_id: str, **changes: object) -> None:

@@ -94,10 +94,11 @@ class Harness:
     def beat(self, member_id: str, req: HeartbeatRequest, *, path_id: str | None = None) -> Answer:
         outcome = handle_heartbeat(self.group, path_id or member_id, req, self.now, self.config)
         if outcome.changed:
-            self.group = outcome.group
+            assert outcome.state is not None
+            self.group = outcome.state
             self.writes += 1
         else:
-            assert outcome.group is self.group
+            assert outcome.state is self.group
         r = outcome.response
         assert r.assignment is not None and r.status is not None
         return Answer(

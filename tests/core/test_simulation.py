@@ -94,7 +94,7 @@ class Coordinator:
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
         outcome = handle_heartbeat(self.load(), request.member_id, request, self.now, CONFIG)
         if outcome.changed:
-            self.save(outcome.group)
+            self.save(outcome.state)
         return outcome.response
 
     def tick(self) -> None:

@@ -120,7 +120,7 @@ class Stack:
         """
         key = metadata_key(self.prefix, self.group)
         raw = await self.redis.hgetall(key)
-        aggregate = json.loads(raw[b"aggregate"])
+        aggregate = json.loads(raw[b"group"])  # the v2 group document
         aggregate["metadataVersion"] = (
             version if version is not None else aggregate["metadataVersion"] + 1
         )
@@ -132,8 +132,9 @@ class Stack:
         await self.redis.hset(
             key,
             mapping={
-                "aggregate": json.dumps(aggregate, separators=(",", ":")),
+                "group": json.dumps(aggregate, separators=(",", ":")),
                 "revision": int(raw[b"revision"]) + 1,
+                "writeId": "tests",
                 "updatedAt": datetime.now(UTC).isoformat(),
             },
         )

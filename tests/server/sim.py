@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -25,6 +26,29 @@ MEMBER_AUTH = (TEST_ADMIN_USERNAME, TEST_ADMIN_PASSWORD)
 
 def meta_key(prefix: str, group: str) -> str:
     return f"{KEY_PREFIX}:{{{prefix}:{group}}}:metadata"
+
+
+async def stored_group(r: AsyncRedisClient, prefix: str, group: str) -> dict[str, Any]:
+    """The group as stored (layout v2): the group document plus one field per member."""
+    raw = await r.hgetall(meta_key(prefix, group))
+    document: dict[str, Any] = json.loads(raw["group"])
+    document["members"] = {
+        name[2:]: json.loads(value) for name, value in raw.items() if name.startswith("m:")
+    }
+    return document
+
+
+async def snapshot(r: AsyncRedisClient, prefix: str, group: str) -> dict[str, str]:
+    return dict(await r.hgetall(meta_key(prefix, group)))
+
+
+async def restore(r: AsyncRedisClient, prefix: str, group: str, saved: dict[str, str]) -> None:
+    """Put an older copy of the group back, as a failover that lost writes does."""
+    key = meta_key(prefix, group)
+    async with r.pipeline(transaction=True) as pipe:
+        pipe.delete(key)
+        pipe.hset(key, mapping=saved)  # type: ignore[arg-type]
+        await pipe.execute()
 
 
 def hb_path(prefix: str, group: str, member_id: str) -> str:

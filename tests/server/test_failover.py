@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +10,7 @@ import httpx
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .sim import API, SimMember, create_group, meta_key, redis_of
+from .sim import API, SimMember, create_group, meta_key, redis_of, stored_group
 
 Factory = Callable[..., CoordinatorProcess]
 # Long enough that a coordinator restart does not expire anyone.
@@ -20,8 +19,8 @@ SLOW = {"heartbeat_interval_ms": 500, "member_lease_ttl_ms": 8_000, "rebalance_t
 
 async def _owners(target: RedisTarget, prefix: str) -> dict[str, str]:
     async with redis_of(target) as r:
-        aggregate = json.loads(await r.hget(meta_key(prefix, "g"), "aggregate"))
-    owners: dict[str, str] = aggregate["owners"]
+        group = await stored_group(r, prefix, "g")
+    owners: dict[str, str] = group["owners"]
     return owners
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
@@ -13,7 +12,18 @@ import httpx
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .sim import API, SimMember, create_group, meta_key, metric, redis_of, shards
+from .sim import (
+    API,
+    SimMember,
+    create_group,
+    meta_key,
+    metric,
+    redis_of,
+    restore,
+    shards,
+    snapshot,
+    stored_group,
+)
 
 LEASE_S = 1.5
 
@@ -63,7 +73,7 @@ async def test_redis_rollback_is_corrected_through_sync_metadata(
     key = meta_key("rollback", "g")
     async with httpx.AsyncClient() as http, redis_of(any_redis) as r:
         m1 = await _stable_single_owner(http, coordinator, "rollback")
-        saved = await r.hgetall(key)  # version N-1
+        saved = await snapshot(r, "rollback", "g")  # version N-1
         stored_version = m1.version
         m2 = SimMember(http, coordinator.url, "rollback", "g", "m2")
         await m2.heartbeat()  # m2 joins: N
@@ -72,7 +82,7 @@ async def test_redis_rollback_is_corrected_through_sync_metadata(
         seen = m1.version
         regression_metric = "redis_stream_coord_metadata_regression_total"
         regressions = await metric(http, coordinator, regression_metric)
-        await r.hset(key, mapping=saved)  # Redis goes back to N-1
+        await restore(r, "rollback", "g", saved)  # Redis goes back to N-1
 
         first = await m1.heartbeat(apply=False)
         assert first["status"] == "SYNC_METADATA"
@@ -109,14 +119,13 @@ async def test_redis_rollback_is_corrected_through_sync_metadata(
         await m1.heartbeat()
         assert m1.owned == {0, 1, 2, 3}
         # The stored version was never bumped to match the client's.
-        group = json.loads(await r.hget(key, "aggregate"))
+        group = await stored_group(r, "rollback", "g")
         assert group["correction"] is None
 
 
 async def test_concurrent_stale_revokes_during_correction_change_nothing_unsupported(
     coordinator: CoordinatorProcess, any_redis: RedisTarget
 ) -> None:
-    key = meta_key("stale", "g")
     async with httpx.AsyncClient() as http, redis_of(any_redis) as r:
         await create_group(http, coordinator, "stale", "g", 4)
         m1 = SimMember(http, coordinator.url, "stale", "g", "m1")
@@ -125,8 +134,8 @@ async def test_concurrent_stale_revokes_during_correction_change_nothing_unsuppo
             await m1.heartbeat()
             await m2.heartbeat()
         assert len(m1.owned) == len(m2.owned) == 2
-        saved = await r.hgetall(key)
-        before = json.loads(saved["aggregate"])
+        saved = await snapshot(r, "stale", "g")
+        before = await stored_group(r, "stale", "g")
 
         # Lost writes: m3 joins and takes a shard from m2.
         m3 = SimMember(http, coordinator.url, "stale", "g", "m3")
@@ -134,7 +143,7 @@ async def test_concurrent_stale_revokes_during_correction_change_nothing_unsuppo
             for member in (m1, m2, m3):
                 await member.heartbeat()
         assert m3.owned
-        await r.hset(key, mapping=saved)
+        await restore(r, "stale", "g", saved)
 
         # Everyone reports from its lost view, concurrently.
         shard_of_m3 = min(m3.owned)
@@ -148,7 +157,7 @@ async def test_concurrent_stale_revokes_during_correction_change_nothing_unsuppo
         statuses = [resp.json()["status"] for resp in responses]
         assert statuses[2] == "UNKNOWN_MEMBER_ID"
         assert set(statuses) <= {"SYNC_METADATA", "UNKNOWN_MEMBER_ID"}
-        after = json.loads(await r.hget(key, "aggregate"))
+        after = await stored_group(r, "stale", "g")
         assert after["owners"] == before["owners"]
         assert after["target"] == before["target"]
         assert set(after["members"]) == {"m1", "m2"}
@@ -166,7 +175,7 @@ async def test_concurrent_stale_revokes_during_correction_change_nothing_unsuppo
         sent = m1.version
         view = await m1.heartbeat(revoked={m2_shards[0]})  # not m1's: ignored, not fenced
         _synced_answer(view, sent)
-        after = json.loads(await r.hget(key, "aggregate"))
+        after = await stored_group(r, "stale", "g")
         expected = {s: o for s, o in before["owners"].items() if int(s) != m2_shards[1]}
         assert after["owners"] == expected
 
@@ -186,23 +195,22 @@ async def test_coordinator_that_saw_a_later_revision_opens_the_correction_round_
 ) -> None:
     """No client reports a higher version, yet a grant Redis forgot may be in use:
     the process that wrote it notices the revision going back and blocks grants."""
-    key = meta_key("selfheal", "g")
     async with httpx.AsyncClient() as http, redis_of(any_redis) as r:
         await create_group(http, coordinator, "selfheal", "g", 4)
-        saved = await r.hgetall(key)  # no members yet
+        saved = await snapshot(r, "selfheal", "g")  # no members yet
         m1 = SimMember(http, coordinator.url, "selfheal", "g", "m1")
         await m1.heartbeat()  # m1 joins and is granted every shard: this is what gets lost
         assert m1.owned == {0, 1, 2, 3}
         regressions = await metric(
             http, coordinator, "redis_stream_coord_metadata_regression_total"
         )
-        await r.hset(key, mapping=saved)
+        await restore(r, "selfheal", "g", saved)
 
         m2 = SimMember(http, coordinator.url, "selfheal", "g", "m2")
         view = await m2.heartbeat()  # m2 knows nothing newer than Redis
         assert view["status"] != "OK"
         assert shards(view) == []  # m1 may still be reading: nothing is granted
-        group = json.loads(await r.hget(key, "aggregate"))
+        group = await stored_group(r, "selfheal", "g")
         assert group["correction"] is not None
         assert (
             await metric(http, coordinator, "redis_stream_coord_metadata_regression_total")

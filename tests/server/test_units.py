@@ -7,7 +7,7 @@ import pytest
 from streamkit.protocol import MemberState
 from streamkit_server import views
 from streamkit_server.core import GroupMetadata, MemberMetadata, new_group
-from streamkit_server.errors import ApiError
+from streamkit_server.errors import CoordinatorError
 from streamkit_server.provisioning import validate_consumer_group, validate_stream_prefix
 from streamkit_server.security import Authenticator, AuthError, Principal, Role, expand_roles
 
@@ -67,7 +67,7 @@ def test_tokens_roundtrip_expire_and_reject_forgery() -> None:
 
 @pytest.mark.parametrize("name", ["", "a{b", "a}b", "a b", "a\tb", "a\x00", "a/b", "x" * 201])
 def test_bad_stream_prefixes(name: str) -> None:
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(CoordinatorError) as caught:
         validate_stream_prefix(name)
     assert caught.value.error_code == "INVALID_STREAM_PREFIX"
 
@@ -75,7 +75,7 @@ def test_bad_stream_prefixes(name: str) -> None:
 def test_names() -> None:
     assert validate_stream_prefix("create-order:v2") == "create-order:v2"
     assert validate_consumer_group("billing.v2_x") == "billing.v2_x"
-    with pytest.raises(ApiError):
+    with pytest.raises(CoordinatorError):
         validate_consumer_group("a:b")
 
 
@@ -83,11 +83,14 @@ def test_audit_status_matches_the_answer_for_every_refusal() -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     from streamkit_server.api.errors import status_for
-    from streamkit_server.errors import ApiError
+    from streamkit_server.errors import ApiError, CoordinatorError
     from streamkit_server.gate import CoordinatorTerminating
     from streamkit_server.mutex import MutexTimeout
 
     assert status_for(ApiError(409, "X", "conflict")) == 409
+    # Below the API a refusal names only its code; the API's table picks the status.
+    assert status_for(CoordinatorError("GROUP_NOT_FOUND", "gone")) == 404
+    assert status_for(CoordinatorError("COORDINATOR_BUSY", "busy")) == 503
     assert status_for(CoordinatorTerminating("bye")) == 503
     assert status_for(MutexTimeout("busy")) == 503
     assert status_for(RedisConnectionError("down")) == 503
