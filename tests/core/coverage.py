@@ -22,6 +22,7 @@ HEADLINE = (
     "regressions_detected",
     "rollbacks",
     "fenced",
+    "members_fenced",
 )
 
 

@@ -368,7 +368,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
                 if machine is None:
                     continue
                 if machine.draining and not sim.stalled:
-                    finished: bool = data.draw(st.booleans(), label="drained")
+                    finished: bool = data.draw(st.integers(0, 2), label="drained") == 0
                     for shard in sorted(machine.draining) if finished else []:
                         machine.drained(shard)
                 self._send(sim, data.draw(st.sampled_from(fates), label="fate"), process)
@@ -476,26 +476,48 @@ class ProtocolSimulation(RuleBasedStateMachine):
     @rule(back=st.one_of(st.integers(1, 4), st.integers(5, 200)))
     def redis_rollback(self, back: int) -> None:
         """Redis loses its most recent writes (failover, restore)."""
-        keep = max(1, len(self.redis.history) - back)
-        del self.redis.history[keep:]
-        self.undetected_rollback = True
-        COVERAGE.count("rollbacks")
+        self._lose_writes_from(len(self.redis.history) - back)
 
     @precondition(lambda self: len(self.redis.history) > 1)
     @rule()
-    def redis_restore_before_rebalance(self) -> None:
-        """Redis comes back from a snapshot taken before the latest reassignment.
+    def redis_restore_before_handoff(self) -> None:
+        """Redis comes back from a snapshot taken before the latest handoff.
 
-        The lost writes hold a handoff: a member that gave a shard up is its
-        owner again in Redis while the new owner still reads it.
+        Random rollbacks rarely cut exactly there, and it is the sharpest case:
+        the member that gave the shard up is its owner (and target) again in
+        Redis, while the new owner still reads it.
         """
         history = self.redis.history
-        target = history[-1][1].target
-        # The first snapshot with the current target: everything from it is lost.
-        first = next(
-            (i for i in range(len(history) - 1, 0, -1) if history[i - 1][1].target != target), 1
-        )
-        del history[first:]
+        for shard, holder in sorted(history[-1][1].owners.items()):
+            first = len(history) - 1
+            while first > 0 and history[first - 1][1].target.get(shard) == holder:
+                first -= 1
+            before = history[first - 1][1].owners.get(shard) if first > 0 else None
+            if before is not None and before != holder:
+                COVERAGE.count("restored_before_handoffs")
+                self._lose_writes_from(first)
+                return
+
+    @precondition(lambda self: len(self.redis.history) > 1)
+    @rule()
+    def redis_restore_open_round(self) -> None:
+        """Redis comes back from a snapshot with a correction round open, after
+        the round had closed and shards had moved again."""
+        history = self.redis.history
+        owners = history[-1][1].owners
+        closed = [i for i in range(1, len(history)) if history[i][1].correction is None]
+        for i in range(len(history) - 2, -1, -1):
+            group = history[i][1]
+            if group.correction is None or not any(j > i for j in closed):
+                continue
+            # Sharpest when a shard now read by one member goes to another.
+            if any(group.target.get(s) not in (None, h) for s, h in owners.items()):
+                COVERAGE.count("restored_open_rounds")
+                self._lose_writes_from(i + 1)
+                return
+
+    def _lose_writes_from(self, index: int) -> None:
+        del self.redis.history[max(1, index) :]
         self.undetected_rollback = True
         COVERAGE.count("rollbacks")
 
@@ -664,6 +686,9 @@ REQUIRED = (
     "late_deliveries_checked",
     "regressions_detected",
     "fenced",
+    "members_fenced",
+    "restored_before_handoffs",
+    "restored_open_rounds",
 )
 
 
