@@ -824,3 +824,43 @@ def test_a_late_previous_epoch_report_releases_nothing() -> None:
     machine.now += 50
     machine.deliver_late_duplicate_of(held_up, 0)
     machine.no_shard_held_twice()
+
+
+def test_a_restore_from_before_a_handoff_starts_nothing_new() -> None:
+    """Pinned: Redis restores a snapshot from before m0 handed shards to m1.
+
+    In Redis m0 owns (and is the target of) every shard again, while m1 still
+    reads the two it was given.  m0's answer during the correction round is
+    SYNC_METADATA: it may keep what it reads and must start nothing else.
+    """
+    machine = ProtocolSimulation()
+    machine.setup()
+    c0 = machine.processes[0]
+    for sim in machine.members.values():
+        sim.machine = None
+    m0, m1 = MemberStateMachine("m0", lease_ms=500), MemberStateMachine("m1", lease_ms=500)
+    machine.members["m0"].machine = m0
+
+    def beat(member: MemberStateMachine) -> None:
+        request = member.next_request(machine.now, in_flight={s: 1 for s in member.draining})
+        machine._answer(member, c0.heartbeat(request, machine.now))
+        machine.no_shard_held_twice()
+
+    beat(m0)
+    beat(m0)
+    before_handoff = len(machine.redis.history)
+    machine.members["m1"].machine = m1
+    beat(m1)
+    machine.now += 50
+    beat(m0)
+    for shard in list(m0.draining):
+        m0.drained(shard)
+    beat(m0)
+    beat(m1)
+    machine.now += 50
+    beat(m0)
+    beat(m1)
+    assert m1.reading and m0.reading.isdisjoint(m1.reading)
+    del machine.redis.history[before_handoff:]
+    machine.now += 50
+    beat(m0)  # SYNC_METADATA from the process that saw the lost writes
