@@ -1,116 +1,24 @@
-"""Helpers of the consumer tests: coordinator admin calls, app subprocesses,
-read-interval records and the single-reader check."""
+"""Helpers of the consumer tests: read-interval records and the single-reader and
+single-processor checks.  The admin client, ``eventually`` and the app
+process launcher are the shared ones (``tests/helpers.py``)."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
-import sys
 import time
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
+from helpers import REPO, Admin, AppProcess, eventually, logical
 
-from streamkit.protocol import (
-    AssignmentsResponse,
-    ConsumptionProgressResponse,
-    MemberListResponse,
-    shard_indexes,
-)
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
-from streamkit.testing.redis_server import _die_with_parent_hook
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]] | Callable[[], bool],
-    within: float,
-    what: str,
-    interval: float = 0.05,
-) -> None:
-    """Poll ``check`` until it is true; fail with ``what`` after ``within`` s."""
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:.1f}s waiting for {what}")
-        await anyio.sleep(interval)
-
-
-_INCARNATION_PART = re.compile(r"-[0-9a-f]{8}(?=-m\d+\b)")
-
-
-def logical(member_id: str) -> str:
-    """``a-1f2e3d4c-m0`` -> ``a-m0``: a member id without its per-start part.
-
-    Tests name processes by ``STREAMKIT_MEMBER_ID_BASE``; each start of a
-    process adds a random part to its member ids (see ``member_id_prefix``).
-    """
-    return _INCARNATION_PART.sub("", member_id)
-
-
-class Admin:
-    """The coordinator's admin and monitoring API, over real HTTP."""
-
-    def __init__(self, coordinator: CoordinatorProcess) -> None:
-        self.coordinator = coordinator
-        self.url = coordinator.url
-        self.auth = coordinator.admin_auth
-
-    async def _get(self, path: str) -> Any:
-        async with httpx.AsyncClient(base_url=self.url, auth=self.auth, timeout=5) as http:
-            response = await http.get(path)
-            response.raise_for_status()
-            return response.json()
-
-    async def create_group(self, prefix: str, group: str, shards: int) -> None:
-        async with httpx.AsyncClient(base_url=self.url, auth=self.auth, timeout=10) as http:
-            response = await http.post(
-                f"/coord/v1/streams/{prefix}/groups/{group}",
-                json={"initialShardCount": shards, "requestedBy": "tests", "reason": "consumer"},
-            )
-            assert response.status_code in (200, 201), response.text
-
-    async def owners(self, prefix: str, group: str, *, raw: bool = False) -> dict[str, list[int]]:
-        """memberId -> shards it currently holds (current assignment).
-
-        Member ids are ``logical`` unless ``raw``.
-        """
-        body = AssignmentsResponse.from_wire(
-            await self._get(f"/coord/v1/monitoring/streams/{prefix}/groups/{group}/assignments")
-        )
-        name = (lambda m: m) if raw else logical
-        return {name(m): shard_indexes(s) for m, s in body.current_assignments.items() if s}
-
-    async def targets(self, prefix: str, group: str) -> dict[str, list[int]]:
-        body = AssignmentsResponse.from_wire(
-            await self._get(f"/coord/v1/monitoring/streams/{prefix}/groups/{group}/assignments")
-        )
-        return {logical(m): shard_indexes(s) for m, s in body.target_assignment.items() if s}
-
-    async def consumption(self, prefix: str, group: str) -> ConsumptionProgressResponse:
-        return ConsumptionProgressResponse.from_wire(
-            await self._get(f"/coord/v1/monitoring/streams/{prefix}/groups/{group}/consumption")
-        )
-
-    async def members(self, prefix: str, group: str) -> MemberListResponse:
-        return MemberListResponse.from_wire(
-            await self._get(f"/coord/v1/monitoring/streams/{prefix}/groups/{group}/members")
-        )
+__all__ = ["REPO", "Admin", "AppProcess", "eventually", "logical"]
 
 
 def settled_ownership(owners: Mapping[str, list[int]], members: Iterable[str], shards: int) -> bool:
@@ -121,90 +29,6 @@ def settled_ownership(owners: Mapping[str, list[int]], members: Iterable[str], s
         return False
     counts = [len(owners.get(m, [])) for m in members]
     return max(counts) - min(counts) <= 1
-
-
-# -- app subprocesses ------------------------------------------------------------------
-
-
-class AppProcess:
-    """``python -m streamkit run tests.consumer.apps.<module>:app`` as a real process."""
-
-    def __init__(
-        self, target: str, env: Mapping[str, str], log_path: Path, args: Iterable[str] = ()
-    ) -> None:
-        self.target = target
-        self.args = list(args)
-        self.env = dict(env)
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-        #: monotonic ns at which the process was known dead (after kill/exit).
-        self.died_ns: int | None = None
-
-    def start(self) -> AppProcess:
-        env = dict(os.environ)
-        env.update(self.env)
-        env["PYTHONUNBUFFERED"] = "1"
-        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        log = open(self.log_path, "ab")
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "streamkit", "run", self.target, *self.args],
-                env=env,
-                cwd=REPO,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent_hook(),
-            )
-        finally:
-            log.close()
-        self.died_ns = None
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: a crash, nothing runs on the way out."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-        self.died_ns = time.monotonic_ns()
-
-    async def terminate(self, within: float = 20.0) -> int:
-        """SIGTERM and wait for the exit status without blocking the loop."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        return await self.wait(within)
-
-    async def wait(self, within: float) -> int:
-        assert self.proc is not None
-        deadline = time.monotonic() + within
-        while self.proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.target} did not exit in {within}s:\n{self.logs()}")
-            await anyio.sleep(0.02)
-        self.died_ns = time.monotonic_ns()
-        return self.proc.returncode
-
-    def cleanup(self) -> None:
-        if self.running():
-            assert self.proc is not None
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def logs(self, lines: int = 80) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 def app_env(
@@ -250,6 +74,10 @@ class Records:
     reads: list[ReadInterval]
     #: (shard, entry id) -> how many times a handler ran for it
     handled: dict[str, int]
+    #: One interval per handler call: start to finish, with the reader's epoch.
+    processing: list[ReadInterval] = field(default_factory=list)
+    #: reader ("member@pid") -> when it lost its shards (fenced or forgotten)
+    lost: dict[str, list[int]] = field(default_factory=dict)
 
 
 def parse_records(paths: Iterable[Path], died_ns: Mapping[int, int]) -> Records:
@@ -259,10 +87,13 @@ def parse_records(paths: Iterable[Path], died_ns: Mapping[int, int]) -> Records:
     a start but no end (SIGKILL mid-read) is taken to last until then, which
     can only make the overlap check stricter.
     """
-    reads: list[ReadInterval] = []
+    records = Records([], {})
     handled: dict[str, int] = defaultdict(int)
+    lost: dict[str, list[int]] = defaultdict(list)
     for path in paths:
         open_reads: dict[tuple[int, str], deque[tuple[int, int]]] = defaultdict(deque)
+        # Handler calls of one entry: keyed by the entry as well.
+        open_calls: dict[tuple[int, str], dict[str, tuple[int, int]]] = defaultdict(dict)
         for line in path.read_text().splitlines():
             parts = line.split()
             if not parts:
@@ -276,13 +107,31 @@ def parse_records(paths: Iterable[Path], died_ns: Mapping[int, int]) -> Records:
                 _, shard, member, epoch, pid_s, t, _count = parts
                 key = (int(shard), f"{logical(member)}@{pid_s}")
                 ep, start = open_reads[key].popleft()
-                reads.append(ReadInterval(int(shard), key[1], ep, start, int(t)))
+                records.reads.append(ReadInterval(int(shard), key[1], ep, start, int(t)))
+            elif kind == "S":
+                _, shard, member, epoch, pid_s, t, entry = parts
+                open_calls[(int(shard), f"{member}@{pid_s}")][entry] = (int(epoch), int(t))
+            elif kind == "F":
+                _, shard, member, _epoch, pid_s, t, entry = parts
+                key = (int(shard), f"{member}@{pid_s}")
+                ep, start = open_calls[key].pop(entry)
+                records.processing.append(ReadInterval(int(shard), key[1], ep, start, int(t)))
+            elif kind == "L":
+                _, member, pid_s, t = parts
+                lost[f"{member}@{pid_s}"].append(int(t))
             elif kind == "H":
                 handled[parts[1]] += 1
         for (index, reader), left in open_reads.items():
             end = died_ns.get(int(reader.rsplit("@", 1)[1]), time.monotonic_ns())
-            reads.extend(ReadInterval(index, reader, ep, start, end) for ep, start in left)
-    return Records(reads, dict(handled))
+            records.reads.extend(ReadInterval(index, reader, ep, start, end) for ep, start in left)
+        for (index, reader), calls in open_calls.items():
+            end = died_ns.get(int(reader.rsplit("@", 1)[1]), time.monotonic_ns())
+            records.processing.extend(
+                ReadInterval(index, reader, ep, start, end) for ep, start in calls.values()
+            )
+    records.handled = dict(handled)
+    records.lost = dict(lost)
+    return records
 
 
 def overlapping_reads(reads: Iterable[ReadInterval]) -> list[tuple[ReadInterval, ReadInterval]]:
@@ -303,6 +152,24 @@ def overlapping_reads(reads: Iterable[ReadInterval]) -> list[tuple[ReadInterval,
             if prev is None or read.end_ns > prev.end_ns:
                 latest[read.reader] = read
     return bad
+
+
+def overlapping_processing(
+    calls: Iterable[ReadInterval], lost: Mapping[str, Iterable[int]] | None = None
+) -> list[tuple[ReadInterval, ReadInterval]]:
+    """Pairs of handler calls on one shard by different members that overlap in time.
+
+    The documented exception: a handler that was already running when its
+    member lost the shard (fenced, or forgotten after its lease ended) is not
+    cancelled, so it may overlap the next owner's calls.  ``lost`` maps a reader
+    to the times it lost its shards.
+    """
+    losses = {reader: sorted(times) for reader, times in (lost or {}).items()}
+
+    def cut_off(call: ReadInterval) -> bool:
+        return any(call.start_ns <= t <= call.end_ns for t in losses.get(call.reader, ()))
+
+    return [(a, b) for a, b in overlapping_reads(calls) if not (cut_off(a) or cut_off(b))]
 
 
 async def group_state(

@@ -1,7 +1,8 @@
 """Two ``streamkit run`` processes share a group: ownership, crash, restart.
 
 Real coordinator process, real Redis (standalone and cluster), real
-processes; the single-reader check uses the read intervals the apps record.
+processes; the single-reader check uses the read intervals the apps record,
+the single-processor check the handler calls they record.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .support import (
     all_acked,
     eventually,
     logical,
+    overlapping_processing,
     overlapping_reads,
     parse_records,
     settled_ownership,
@@ -128,4 +130,9 @@ async def test_two_apps_share_crash_and_rebalance_back(
     died = {p.pid: p.died_ns for p in (a, a2, b)}
     records = parse_records([a.record, a2.record, b.record], died)
     assert not overlapping_reads(records.reads)
+    # Exclusivity of processing, not only of reads: handler calls of one shard
+    # by two members never overlap (A's calls cut short by SIGKILL end at its death).
+    assert records.processing, "no handler call recorded"
+    overlaps = overlapping_processing(records.processing, records.lost)
+    assert not overlaps, overlaps[:5]
     assert published <= set(records.handled), len(published - set(records.handled))

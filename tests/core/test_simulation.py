@@ -1,25 +1,53 @@
 """Simulation: the real core and real member state machines under random faults.
 
-Hypothesis drives K members, one coordinator "process" (the pure core plus a
-store with history) and a lossy network through random interleavings of
-heartbeats, lost requests, lost responses, late duplicates, member crashes and
-restarts, time jumps past leases and rebalance timeouts, drain completion and
-Redis metadata rollback.  After every step no shard may be readable by two
-members; after the faults stop every shard must settle on exactly one live
+Hypothesis drives five members, two coordinator processes sharing one Redis
+(each keeping its own highest-seen revision, as the server's store does) and a
+lossy network.  Schedules alternate calm stretches (rounds of heartbeats in
+which members keep several shards, hand them over and drain them) with fault
+bursts: lost requests and answers, late duplicates, slow round trips, member
+crashes and restarts, time jumps past leases and rebalance timeouts, reshards
+and Redis losing its latest writes.
+
+Checked after every step and after every heartbeat of a calm stretch: no shard
+is *held* by two members at once, where holding means the member may read the
+shard, or still has entries of it in flight under a valid lease.  Checked on
+every late delivery: a late or stale report never takes a shard from its
+holder.  After the faults stop every shard must settle on exactly one live
 reader with a balanced spread within a bounded number of heartbeat rounds.
+
+Each run prints one ``simulation coverage:`` line (at the end of the pytest
+session) saying how many checks happened in the states that matter, and fails
+when those are too rare to prove anything.
 """
 
 from __future__ import annotations
 
 import os
+import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import hypothesis
 import hypothesis.strategies as st
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
+import streamkit.member as member_module
 from streamkit.member import MemberStateMachine, ReactionKind
-from streamkit.protocol import HeartbeatRequest, HeartbeatResponse
+from streamkit.protocol import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    MemberState,
+    RevokingShardState,
+)
 from streamkit_server.core import (
     CoordinatorConfig,
     GroupMetadata,
@@ -30,29 +58,48 @@ from streamkit_server.core import (
     complete_provisioning,
     handle_heartbeat,
     new_group,
+    next_deadline_ms,
     pending_work,
     start_resharding,
     tick,
 )
+from streamkit_server.core.rollback import Seen
+from streamkit_server.core.rollback import observe as core_observe
+
+from .coverage import SimulationCoverage, report
 
 CONFIG = CoordinatorConfig(
     heartbeat_interval_ms=100,
     member_lease_ttl_ms=500,
-    rebalance_timeout_ms=1_500,
+    rebalance_timeout_ms=600,
     producer_routing_lease_ms=300,
 )
-MEMBERS = ("m0", "m1", "m2", "m3")
-SHARDS = 6
+# More members than shards: every shard is wanted by someone, so most checks
+# happen while several members hold shards and handoffs are under way.
+MEMBERS = ("m0", "m1", "m2", "m3", "m4")
+SHARDS = 4
+PROCESSES = ("c0", "c1")
 # Enough rounds for the slowest recovery path: a rebalance timeout, then the
 # lease a fenced member's shards are held for, then a correction round's lease.
 CONVERGENCE_ROUNDS = (CONFIG.rebalance_timeout_ms + 3 * CONFIG.member_lease_ttl_ms) // (
     CONFIG.heartbeat_interval_ms
 ) + 10
 
+#: Filled by every run of the machine in this module; reported by the tests below.
+COVERAGE = SimulationCoverage()
+
+
+# -- Redis and the coordinator processes ------------------------------------------
+
 
 @dataclass
-class Store:
-    """Redis as the core sees it: the committed snapshots, newest last."""
+class Redis:
+    """The group's metadata hash as Redis holds it: committed snapshots, newest last.
+
+    ``revision`` is Redis' own counter (the hash's ``revision`` field), so after
+    a rollback new writes reuse revision numbers that were already seen, as
+    they do on a real failover.
+    """
 
     history: list[tuple[int, GroupMetadata]]
 
@@ -60,58 +107,129 @@ class Store:
     def current(self) -> tuple[int, GroupMetadata]:
         return self.history[-1]
 
-    def commit(self, group: GroupMetadata) -> None:
-        revision = self.current[0] + 1
-        self.history.append((revision, group))
+    def commit(self, expected: int, group: GroupMetadata) -> int:
+        revision, _ = self.current
+        # The processes run one critical section at a time here, so the CAS
+        # always holds; it is asserted to keep the model honest.
+        assert revision == expected, (revision, expected)
+        self.history.append((revision + 1, group))
+        return revision + 1
+
+
+#: (group lifecycle, highest revision seen, metadataVersion at that revision)
+Highest = Seen
+
+
+def observe(
+    highest: Seen | None, revision: int, group: GroupMetadata, *, locked: bool
+) -> tuple[Seen | None, int | None]:
+    """Rollback detection: the server's own pure rule (``core.rollback.observe``).
+
+    The service calls it on every locked load and after every write, keeping
+    the returned ``Seen`` per group; read-only loads (the tick loop's scan)
+    do not touch that memory.
+    """
+    if not locked:
+        return highest, None
+    seen = core_observe(highest, group.created_at_ms, revision, group.metadata_version, locked=True)
+    return seen.seen, seen.regressed_from_version
 
 
 @dataclass
-class Coordinator:
+class CoordinatorProcess:
     """One coordinator process: stateless but for the highest revision it saw."""
 
-    store: Store
-    highest_revision: int = 0
-    highest_version: int = 0
-    now: int = 0
+    name: str
+    redis: Redis
+    highest: Highest | None = None
 
-    def load(self) -> GroupMetadata:
-        revision, group = self.store.current
-        if revision < self.highest_revision:
-            # Redis went back under our feet: open a correction round so no
-            # shard moves until forgotten leases have run out.
-            group = begin_correction(group, self.now, CONFIG, self.highest_version)
-            self.store.commit(group)
-            revision = self.store.current[0]
-        self.highest_revision = revision
-        self.highest_version = max(self.highest_version, group.metadata_version)
+    def peek(self) -> GroupMetadata:
+        """A read-only load (the tick loop's scan): never consumes a regression."""
+        revision, group = self.redis.current
+        self.highest, _ = observe(self.highest, revision, group, locked=False)
         return group
 
-    def save(self, group: GroupMetadata) -> None:
-        self.store.commit(group)
-        self.highest_revision = self.store.current[0]
-        self.highest_version = max(self.highest_version, group.metadata_version)
+    def run(self, op: Callable[[GroupMetadata], GroupMetadata], now: int) -> GroupMetadata:
+        """One critical section of the service: locked load, op, CAS write.
 
-    def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
-        outcome = handle_heartbeat(self.load(), request.member_id, request, self.now, CONFIG)
-        if outcome.changed:
-            self.save(outcome.state)
-        return outcome.response
+        As ``GroupService._attempt``: a regression noticed by the load opens a
+        correction round before the op runs, and is written with its result.
+        """
+        revision, loaded = self.redis.current
+        self.highest, regressed = observe(self.highest, revision, loaded, locked=True)
+        state = loaded
+        if regressed is not None:
+            COVERAGE.count("regressions_detected")
+            state = begin_correction(loaded, now, CONFIG, regressed)
+        state = op(state)
+        for member_id, member in state.members.items():
+            before = loaded.members.get(member_id)
+            if member.state is MemberState.FENCED and (
+                before is None or before.state is not MemberState.FENCED
+            ):
+                COVERAGE.count("members_fenced")
+        if state is not loaded:
+            written = self.redis.commit(revision, state)
+            self.highest, _ = observe(self.highest, written, state, locked=True)
+        return state
 
-    def tick(self) -> None:
-        group = self.load()
-        nxt = tick(group, self.now, CONFIG)
-        if nxt is not group:
-            self.save(nxt)
+    def heartbeat(self, request: HeartbeatRequest, now: int) -> HeartbeatResponse:
+        answers: list[HeartbeatResponse] = []
+
+        def op(group: GroupMetadata) -> GroupMetadata:
+            outcome = handle_heartbeat(group, request.member_id, request, now, CONFIG)
+            answers.append(outcome.response)
+            assert outcome.state is not None
+            return outcome.state
+
+        self.run(op, now)
+        return answers[-1]
+
+    def tick(self, now: int) -> None:
+        """The tick loop: a cheap scan, then a locked tick when something is due."""
+        due = next_deadline_ms(self.peek(), CONFIG)
+        if due is not None and due <= now:
+            self.run(lambda group: tick(group, now, CONFIG), now)
+
+    def drain_work(self, now: int) -> None:
+        """The server's loop provisions, probes and retires shards.
+
+        Redis always reports them drained: the simulation checks ownership,
+        not message accounting (the end-to-end tests do that).
+        """
+
+        def op(group: GroupMetadata) -> GroupMetadata:
+            work = pending_work(group, now, CONFIG)
+            if work is None:
+                return group
+            if work.prepare:
+                # Provisioning is idempotent: a rollback of Redis just repeats it.
+                group = complete_provisioning(group, work.resharding_id, now, CONFIG)
+            if work.probe:
+                group = apply_drain_probe(
+                    group, work.resharding_id, dict.fromkeys(work.probe, True), now, CONFIG
+                )
+            if work.retire:
+                group = apply_retirement(
+                    group, work.resharding_id, dict.fromkeys(work.retire, True), now, CONFIG
+                )
+            return group
+
+        self.run(op, now)
+
+
+# -- members ----------------------------------------------------------------------
 
 
 @dataclass
 class SimMember:
     member_id: str
     machine: MemberStateMachine | None = None
-    incarnation: int = 0
+    #: Its handlers hang: draining shards never finish (until it crashes), so
+    #: the coordinator's rebalance timeout fences it.
+    stalled: bool = False
 
     def start(self) -> None:
-        self.incarnation += 1
         # The longest local lease the protocol allows: the tightest margins.
         self.machine = MemberStateMachine(self.member_id, lease_ms=CONFIG.member_lease_ttl_ms)
 
@@ -119,31 +237,85 @@ class SimMember:
     def alive(self) -> bool:
         return self.machine is not None
 
+    def holding(self, now: int) -> frozenset[int]:
+        """Shards this member may read, or still processes entries of under its lease.
+
+        A draining shard has entries in flight until ``drained``; the member
+        works on them only while its lease is valid (past it the coordinator
+        may already have handed the shard on, and the runtime stops).
+        """
+        machine = self.machine
+        if machine is None:
+            return frozenset()
+        held = set(machine.readable(now))
+        if machine.lease_valid(now):
+            held |= machine.draining
+        return frozenset(held)
+
 
 @dataclass
 class Network:
     delayed: list[HeartbeatRequest] = field(default_factory=list)
 
 
+def reported(request: HeartbeatRequest) -> set[int]:
+    """Shards a report says the member still reads or still has work in flight for."""
+    shards = {s.shard_index for s in request.owned_shards}
+    for report_ in request.revoking_shards:
+        if report_.shard is None:
+            continue
+        if report_.state is not RevokingShardState.REVOKED or report_.in_flight:
+            shards.add(report_.shard.shard_index)
+    return shards
+
+
 class ProtocolSimulation(RuleBasedStateMachine):
     @initialize()
     def setup(self) -> None:
+        COVERAGE.count("examples")
         self.now = 0
-        self.store = Store([(1, new_group("orders", "billing", SHARDS, 0))])
-        self.coordinator = Coordinator(self.store)
+        self.redis = Redis([(1, new_group("orders", "billing", SHARDS, 0))])
+        self.processes = [CoordinatorProcess(name, self.redis) for name in PROCESSES]
         self.members = {m: SimMember(m) for m in MEMBERS}
         self.network = Network()
-        self.faults = 0
         self.reshards = 0
+        self.undetected_rollback = False
+        # The member each shard was last held by, to count completed handoffs.
+        self.last_holder: dict[int, str] = {}
         for member in self.members.values():
             member.start()
 
-    # -- the steps --------------------------------------------------------------
+    # -- plumbing -----------------------------------------------------------------
 
-    def _send(self, member: SimMember, fate: str) -> None:
+    def _process(self, index: int) -> CoordinatorProcess:
+        """The coordinator process a request lands on.
+
+        Until a process that saw the lost writes has loaded Redis under the
+        mutex (and so opened a correction round), requests go to such a
+        witness: a process that never saw them has no way to notice, and may
+        grant a shard whose forgotten holder still reads.  That gap is real;
+        ``test_a_rollback_only_another_process_saw`` pins it down.
+        """
+        if self.undetected_rollback:
+            revision = self.redis.current[0]
+            witnesses = [p for p in self.processes if p.highest and p.highest[1] > revision]
+            if witnesses:
+                return witnesses[index % len(witnesses)]
+            self.undetected_rollback = False
+        return self.processes[index % len(self.processes)]
+
+    def _answer(self, machine: MemberStateMachine, response: HeartbeatResponse) -> None:
+        # The arrival time of the answer, for the mutant that counts the member
+        # lease from it (scripts/mutants.py); the real member never reads it.
+        member_module.SIM_ARRIVAL_MS = self.now  # type: ignore[attr-defined]
+        for reaction in machine.on_response(response):
+            assert reaction.kind is not ReactionKind.REJECTED, response
+            if reaction.kind is ReactionKind.LOST:
+                COVERAGE.count("fenced")
+
+    def _send(self, member: SimMember, fate: str, process: int = 0) -> None:
         machine = member.machine
         assert machine is not None
-        self.coordinator.now = self.now
         request = machine.next_request(self.now, in_flight={s: 1 for s in machine.draining})
         if fate == "lose_request":
             machine.request_failed()
@@ -153,88 +325,118 @@ class ProtocolSimulation(RuleBasedStateMachine):
             self.network.delayed.append(request)
             machine.request_failed()
             return
-        response = self.coordinator.heartbeat(request)
+        response = self._process(process).heartbeat(request, self.now)
         if fate == "lose_response":
             machine.request_failed()
             return
-        for reaction in machine.on_response(response):
-            assert reaction.kind is not ReactionKind.REJECTED, response
+        self._answer(machine, response)
+
+    # -- calm stretches -------------------------------------------------------------
+
+    @rule(rounds=st.integers(2, 10), data=st.data())
+    def calm_stretch(self, rounds: int, data: st.DataObject) -> None:
+        """Rounds of heartbeats without faults: members take, hold and hand over shards.
+
+        Drains finish only some of the time, so revokes stay in flight across
+        rounds, and the invariant is checked after every single heartbeat.
+        """
+        self._stretch(rounds, data, noisy=False)
+
+    @rule(rounds=st.integers(2, 10), data=st.data())
+    def busy_stretch(self, rounds: int, data: st.DataObject) -> None:
+        """The same rounds, with now and then a heartbeat held up on the wire and
+        late ones arriving: stale reports land while members hold shards."""
+        self._stretch(rounds, data, noisy=True)
+
+    def _stretch(self, rounds: int, data: st.DataObject, *, noisy: bool) -> None:
+        fates = ["ok"] * 5 + ["delay"] if noisy else ["ok"]
+        for _ in range(rounds):
+            self.now += data.draw(st.integers(40, CONFIG.heartbeat_interval_ms), label="dt")
+            process = data.draw(st.integers(0, len(PROCESSES) - 1), label="process")
+            self._process(process).tick(self.now)
+            self._process(process).drain_work(self.now)
+            # A fresh order every round: who heartbeats first after a timeout
+            # decides who sees a released shard first.
+            order: list[str] = data.draw(st.permutations(MEMBERS), label="order")
+            for member_id in order:
+                sim = self.members[member_id]
+                machine = sim.machine
+                if machine is None:
+                    continue
+                if machine.draining and not sim.stalled:
+                    finished: bool = data.draw(st.integers(0, 2), label="drained") == 0
+                    for shard in sorted(machine.draining) if finished else []:
+                        machine.drained(shard)
+                self._send(sim, data.draw(st.sampled_from(fates), label="fate"), process)
+                self.no_shard_held_twice()
+                if noisy and self.network.delayed and data.draw(st.booleans(), label="late"):
+                    self.deliver_late_duplicate(data, process)
+                    self.no_shard_held_twice()
+
+    # -- fault bursts ---------------------------------------------------------------
 
     @rule(
         member=st.sampled_from(MEMBERS),
-        fate=st.sampled_from(["ok", "ok", "ok", "lose_request", "lose_response", "delay"]),
+        fate=st.sampled_from(["ok", "lose_request", "lose_response", "delay"]),
+        process=st.integers(0, len(PROCESSES) - 1),
     )
-    def heartbeat(self, member: str, fate: str) -> None:
+    def heartbeat(self, member: str, fate: str, process: int) -> None:
         sim = self.members[member]
         if sim.alive:
-            if fate != "ok":
-                self.faults += 1
-            self._send(sim, fate)
+            self._send(sim, fate, process)
 
     @rule(
         member=st.sampled_from(MEMBERS),
         to_server=st.integers(0, 600),
         to_client=st.integers(0, 600),
+        process=st.integers(0, len(PROCESSES) - 1),
     )
-    def slow_heartbeat(self, member: str, to_server: int, to_client: int) -> None:
+    def slow_heartbeat(self, member: str, to_server: int, to_client: int, process: int) -> None:
         """A heartbeat whose request and answer each spend a while on the wire."""
         sim = self.members[member]
-        if not sim.alive:
-            return
         machine = sim.machine
-        assert machine is not None
+        if machine is None:
+            return
         request = machine.next_request(self.now, in_flight={s: 1 for s in machine.draining})
         self.now += to_server
-        self.no_shard_has_two_readers()
-        self.coordinator.now = self.now
-        response = self.coordinator.heartbeat(request)
+        self.no_shard_held_twice()
+        response = self._process(process).heartbeat(request, self.now)
         self.now += to_client
-        self.no_shard_has_two_readers()
-        machine.on_response(response)
-
-    @precondition(lambda self: bool(self.network.delayed))
-    @rule(data=st.data())
-    def deliver_late_duplicate(self, data: st.DataObject) -> None:
-        index = data.draw(st.integers(0, len(self.network.delayed) - 1))
-        request = self.network.delayed.pop(index)
-        self.coordinator.now = self.now
-        before = self.coordinator.load()
-        timed_out = tick(before, self.now, CONFIG)
-        member = timed_out.members.get(request.member_id)
-        stale = member is None or request.member_epoch not in (0, -1, member.member_epoch)
-        self.coordinator.heartbeat(request)  # nobody is listening for the answer
-        if stale and request.member_epoch > 0:
-            # Stale reports never change ownership.
-            after = self.store.current[1]
-            assert after.owners == timed_out.owners, (request, timed_out.owners, after.owners)
+        self.no_shard_held_twice()
+        self._answer(machine, response)
 
     @rule(member=st.sampled_from(MEMBERS))
-    def heartbeat_delivered(self, member: str) -> None:
-        # Most heartbeats simply work; weighting them keeps the group moving.
+    def delayed_heartbeat(self, member: str) -> None:
+        """A heartbeat stuck on the wire: the member gives up on it, it arrives later."""
         if self.members[member].alive:
-            self._send(self.members[member], "ok")
+            self._send(self.members[member], "delay")
+
+    @precondition(lambda self: bool(self.network.delayed))
+    @rule(data=st.data(), process=st.integers(0, len(PROCESSES) - 1))
+    def deliver_late_duplicate(self, data: st.DataObject, process: int) -> None:
+        index = data.draw(st.integers(0, len(self.network.delayed) - 1))
+        self.deliver_late_duplicate_of(self.network.delayed.pop(index), process)
+
+    def deliver_late_duplicate_of(self, request: HeartbeatRequest, process: int) -> None:
+        # What the heartbeat will see once due timeouts are applied.
+        base = tick(self.redis.current[1], self.now, CONFIG)
+        self._process(process).heartbeat(request, self.now)  # nobody listens for the answer
+        self.late_report_moves_nothing(request, base, self.redis.current[1])
 
     @rule(dt=st.one_of(st.integers(1, 150), st.integers(1, 2_000)))
     def advance_time(self, dt: int) -> None:
         self.now += dt
 
-    @rule()
-    def coordinator_tick(self) -> None:
-        self.coordinator.now = self.now
-        self.coordinator.tick()
+    @rule(process=st.integers(0, len(PROCESSES) - 1))
+    def coordinator_tick(self, process: int) -> None:
+        self._process(process).tick(self.now)
 
-    @rule(member=st.sampled_from(MEMBERS), data=st.data())
-    def finish_drain(self, member: str, data: st.DataObject) -> None:
-        machine = self.members[member].machine
-        if machine is not None and machine.draining:
-            shard = data.draw(st.sampled_from(sorted(machine.draining)))
-            machine.drained(shard)
-
+    @precondition(lambda self: sum(m.alive for m in self.members.values()) > 2)
     @rule(member=st.sampled_from(MEMBERS))
     def crash(self, member: str) -> None:
         # A dead process reads nothing; its coordinator state lingers.
         self.members[member].machine = None
-        self.faults += 1
+        self.members[member].stalled = False
 
     @precondition(lambda self: any(not m.alive for m in self.members.values()))
     @rule(member=st.sampled_from(MEMBERS))
@@ -242,69 +444,161 @@ class ProtocolSimulation(RuleBasedStateMachine):
         if not self.members[member].alive:
             self.members[member].start()
 
-    @rule(shards=st.integers(0, 9), ordered=st.booleans())
-    def reshard(self, shards: int, ordered: bool) -> None:
-        """An operator scales the stream; provisioning succeeds at once."""
-        self.coordinator.now = self.now
-        group = self.coordinator.load()
+    @rule(shards=st.integers(1, 6), ordered=st.booleans(), process=st.integers(0, 1))
+    def reshard(self, shards: int, ordered: bool, process: int) -> None:
+        """An operator scales the stream; provisioning is done by the next drain work."""
         self.reshards += 1
-        try:
-            group = start_resharding(
-                group, shards, self.now, resharding_id=f"r{self.reshards}", ordered=ordered
-            )
-        except ReshardingRejected:
-            return
-        self.coordinator.save(group)
-        self.coordinator.save(complete_provisioning(group, f"r{self.reshards}", self.now, CONFIG))
+        rid = f"r{self.reshards}"
+        coordinator = self._process(process)
 
-    @rule()
-    def redis_drain_work(self) -> None:
-        """The server's loop provisions, probes and retires shards.
+        def op(group: GroupMetadata) -> GroupMetadata:
+            try:
+                return start_resharding(group, shards, self.now, resharding_id=rid, ordered=ordered)
+            except ReshardingRejected:
+                return group
 
-        Redis always reports them drained: the simulation checks ownership,
-        not message accounting (the end-to-end tests do that).
+        coordinator.run(op, self.now)
+        coordinator.drain_work(self.now)
+
+    @precondition(lambda self: not any(m.stalled for m in self.members.values()))
+    @rule(member=st.sampled_from(MEMBERS))
+    def stall(self, member: str) -> None:
+        """The member's handlers hang for good: it will hit the rebalance timeout.
+
+        One at a time, and until the teardown: a member must stay stalled (and
+        alive) for a whole rebalance timeout to get fenced.
         """
-        self.coordinator.now = self.now
-        group = self.coordinator.load()
-        work = pending_work(group, self.now, CONFIG)
-        if work is None:
-            return
-        if work.prepare:
-            # Provisioning is idempotent: a rollback of Redis just repeats it.
-            group = complete_provisioning(group, work.resharding_id, self.now, CONFIG)
-        if work.probe:
-            group = apply_drain_probe(
-                group, work.resharding_id, dict.fromkeys(work.probe, True), self.now, CONFIG
-            )
-        if work.retire:
-            group = apply_retirement(
-                group, work.resharding_id, dict.fromkeys(work.retire, True), self.now, CONFIG
-            )
-        self.coordinator.save(group)
+        self.members[member].stalled = True
 
-    @precondition(lambda self: len(self.store.history) > 1)
-    @rule(back=st.integers(1, 4))
+    @precondition(lambda self: len(self.redis.history) > 1)
+    @rule(back=st.one_of(st.integers(1, 4), st.integers(5, 200)))
     def redis_rollback(self, back: int) -> None:
         """Redis loses its most recent writes (failover, restore)."""
-        keep = max(1, len(self.store.history) - back)
-        del self.store.history[keep:]
-        self.faults += 1
+        self._lose_writes_from(len(self.redis.history) - back)
 
-    # -- the safety property ------------------------------------------------------
+    @precondition(lambda self: len(self.redis.history) > 1)
+    @rule()
+    def redis_restore_before_handoff(self) -> None:
+        """Redis comes back from a snapshot taken before the latest handoff.
+
+        Random rollbacks rarely cut exactly there, and it is the sharpest case:
+        the member that gave the shard up is its owner (and target) again in
+        Redis, while the new owner still reads it.
+        """
+        history = self.redis.history
+        for shard, holder in sorted(history[-1][1].owners.items()):
+            first = len(history) - 1
+            while first > 0 and history[first - 1][1].target.get(shard) == holder:
+                first -= 1
+            before = history[first - 1][1].owners.get(shard) if first > 0 else None
+            if before is not None and before != holder:
+                COVERAGE.count("restored_before_handoffs")
+                self._lose_writes_from(first)
+                return
+
+    @precondition(lambda self: len(self.redis.history) > 1)
+    @rule()
+    def redis_restore_open_round(self) -> None:
+        """Redis comes back from a snapshot with a correction round open, after
+        the round had closed and shards had moved again."""
+        history = self.redis.history
+        owners = history[-1][1].owners
+        closed = [i for i in range(1, len(history)) if history[i][1].correction is None]
+        for i in range(len(history) - 2, -1, -1):
+            group = history[i][1]
+            if group.correction is None or not any(j > i for j in closed):
+                continue
+            # Sharpest when a shard now read by one member goes to another,
+            # and the reader is known there (so it drains instead of being
+            # told at once that it is unknown).
+            if any(
+                group.target.get(s) not in (None, h) and h in group.live_member_ids()
+                for s, h in owners.items()
+            ):
+                COVERAGE.count("restored_open_rounds")
+                self._lose_writes_from(i + 1)
+                return
+
+    def _lose_writes_from(self, index: int) -> None:
+        del self.redis.history[max(1, index) :]
+        self.undetected_rollback = True
+        COVERAGE.count("rollbacks")
+
+    # -- identity faults ------------------------------------------------------------
+    # Shared static member ids, and stale or forged leaves (epoch -1) from an
+    # earlier incarnation, belong here once members carry incarnations (issue 10).
+
+    # -- the safety properties --------------------------------------------------------
 
     @invariant()
-    def no_shard_has_two_readers(self) -> None:
+    def no_shard_held_twice(self) -> None:
         if not hasattr(self, "members"):
             return
-        seen: dict[int, str] = {}
+        holders: dict[int, str] = {}
         for sim in self.members.values():
-            if sim.machine is None:
-                continue
-            for shard in sim.machine.readable(self.now):
-                assert shard not in seen, (
-                    f"shard {shard} readable by {seen[shard]} and {sim.member_id} at {self.now}"
+            for shard in sim.holding(self.now):
+                assert shard not in holders, (
+                    f"shard {shard} held by {holders[shard]} and {sim.member_id} at {self.now}: "
+                    f"{self._describe()}"
                 )
-                seen[shard] = sim.member_id
+                holders[shard] = sim.member_id
+        self._measure(holders)
+
+    def late_report_moves_nothing(
+        self, request: HeartbeatRequest, base: GroupMetadata, after: GroupMetadata
+    ) -> None:
+        """Checked on every late delivery, whatever its epoch.
+
+        A shard leaves its holder only on the holder's own current-epoch report
+        that no longer lists it; a shard is granted only to the sender, only as
+        its target, and only on a join or a current-epoch report.
+        """
+        COVERAGE.count("late_deliveries_checked")
+        sender = request.member_id
+        member = base.members.get(sender)
+        current = member is not None and member.live and request.member_epoch == member.member_epoch
+        still = reported(request)
+        for shard, owner in base.owners.items():
+            now_owner = after.owners.get(shard)
+            if now_owner == owner:
+                continue
+            assert owner == sender and current and shard not in still and now_owner is None, (
+                f"late {request} moved shard {shard} from {owner} to {now_owner}"
+            )
+        for shard, owner in after.owners.items():
+            if base.owners.get(shard) == owner:
+                continue
+            assert (
+                owner == sender
+                and after.target.get(shard) == sender
+                and (current or request.member_epoch == 0)
+            ), f"late {request} granted shard {shard} to {owner}"
+
+    def _measure(self, holders: dict[int, str]) -> None:
+        """Record what state this check happened in (the coverage line)."""
+        COVERAGE.count("checks")
+        if len(set(holders.values())) >= 2:
+            COVERAGE.count("contended")
+        for shard, holder in holders.items():
+            previous = self.last_holder.get(shard)
+            if previous is not None and previous != holder:
+                COVERAGE.count("handoffs")
+            self.last_holder[shard] = holder
+        lease_draining = any(
+            sim.machine is not None and sim.machine.draining and sim.machine.lease_valid(self.now)
+            for sim in self.members.values()
+        )
+        if lease_draining:
+            COVERAGE.count("revokes_in_flight")
+        group = self.redis.current[1]
+        if group.correction is not None and holders:
+            COVERAGE.count("corrections_with_holders")
+        migration = group.active_migration()
+        if migration is not None:
+            old = set(migration.previous_layout) - set(migration.new_layout)
+            old |= set(migration.removed_shards)
+            if holders.keys() & old and holders.keys() & set(migration.new_layout):
+                COVERAGE.count("reshards_both_layouts")
 
     # -- liveness once the faults stop --------------------------------------------
 
@@ -314,23 +608,47 @@ class ProtocolSimulation(RuleBasedStateMachine):
         if not any(m.alive for m in self.members.values()):
             self.members["m0"].start()
         self.network.delayed.clear()
-        for _ in range(CONVERGENCE_ROUNDS):
+        for sim in self.members.values():
+            sim.stalled = False
+        for round_ in range(CONVERGENCE_ROUNDS):
             self.now += CONFIG.heartbeat_interval_ms
-            self.coordinator.now = self.now
-            self.coordinator.tick()
-            self.redis_drain_work()
+            process = self._process(round_)
+            process.tick(self.now)
+            process.drain_work(self.now)
             for sim in self.members.values():
                 if sim.machine is None:
                     continue
                 for shard in list(sim.machine.draining):
                     sim.machine.drained(shard)
-                self._send(sim, "ok")
-            self.no_shard_has_two_readers()
+                self._send(sim, "ok", round_)
+            self.no_shard_held_twice()
             if self._settled():
                 return
         raise AssertionError(
             f"not settled after {CONVERGENCE_ROUNDS} fault-free rounds: "
-            f"{self._readers()} group={self.store.current[1].model_dump()}"
+            f"{self._readers()} group={self.redis.current[1].model_dump()}"
+        )
+
+    def _describe(self) -> str:
+        members = {
+            sim.member_id: (
+                sim.machine.epoch,
+                sorted(sim.machine.reading),
+                sorted(sim.machine.draining),
+                sim.machine.lease_until_ms,
+            )
+            for sim in self.members.values()
+            if sim.machine is not None
+        }
+        group = self.redis.current[1]
+        stored = {
+            m: (meta.state.value, meta.member_epoch, meta.last_heartbeat_ms, meta.fenced_at_ms)
+            for m, meta in group.members.items()
+        }
+        return (
+            f"members (epoch, reading, draining, lease until)={members} "
+            f"owners={group.owners} target={group.target} stored members={stored} "
+            f"correction={group.correction}"
         )
 
     def _readers(self) -> dict[str, list[int]]:
@@ -344,7 +662,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
         readers = self._readers()
         counts = [len(shards) for shards in readers.values()]
         covered = sorted(s for shards in readers.values() for s in shards)
-        group = self.store.current[1]
+        group = self.redis.current[1]
         return (
             group.active_migration() is None
             and covered == sorted(group.layout)
@@ -352,15 +670,193 @@ class ProtocolSimulation(RuleBasedStateMachine):
         )
 
 
-# CI runs 200 examples; STREAMKIT_SIM_EXAMPLES=5000 is the deep run to do
-# after touching the core.
-ProtocolSimulation.TestCase.settings = settings(
-    max_examples=int(os.environ.get("STREAMKIT_SIM_EXAMPLES", "200")),
-    stateful_step_count=int(os.environ.get("STREAMKIT_SIM_STEPS", "80")),
-    deadline=None,
-    # CI replays a fixed set of schedules so a landing never hinges on luck;
-    # local runs explore new ones every time.
-    derandomize=os.environ.get("CI") == "true",
-    suppress_health_check=[HealthCheck.too_slow],
+# -- the tests --------------------------------------------------------------------
+
+# The fixed schedules CI replays on every run (STREAMKIT_SIM_EXAMPLES=5000 is
+# the deep run to do after touching the core), then a fresh batch.
+EXAMPLES = int(os.environ.get("STREAMKIT_SIM_EXAMPLES", "200"))
+FRESH_EXAMPLES = int(os.environ.get("STREAMKIT_SIM_FRESH_EXAMPLES", "50"))
+STEPS = int(os.environ.get("STREAMKIT_SIM_STEPS", "40"))
+
+#: Minimum share of checks made while two or more members hold shards.
+MIN_CONTENDED = 0.3
+#: Every state below must be visited at least once per run.
+REQUIRED = (
+    "handoffs",
+    "revokes_in_flight",
+    "corrections_with_holders",
+    "reshards_both_layouts",
+    "late_deliveries_checked",
+    "regressions_detected",
+    "fenced",
+    "members_fenced",
+    "restored_before_handoffs",
+    "restored_open_rounds",
 )
-TestProtocolSimulation = ProtocolSimulation.TestCase
+
+
+def _settings(**extra: object) -> settings:
+    # scripts/mutants.py measures the time to the first failing schedule.
+    shrink = os.environ.get("STREAMKIT_SIM_SHRINK", "1") != "0"
+    phases = [p for p in Phase if shrink or p is not Phase.shrink]
+    return settings(
+        phases=phases,
+        max_examples=EXAMPLES,
+        stateful_step_count=STEPS,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def _run(
+    label: str,
+    run_settings: settings,
+    factory: type[ProtocolSimulation] = ProtocolSimulation,
+) -> None:
+    COVERAGE.reset()
+    run_state_machine_as_test(factory, settings=run_settings)
+    report(f"simulation coverage ({label}): {COVERAGE.line()}")
+
+
+def test_fixed_schedules() -> None:
+    """The same schedules on every run, so a landing never hinges on luck.
+
+    The coverage minimums are asserted here, where they are deterministic; a
+    small fresh batch may by chance spend less time in contended states.
+    """
+    _run("fixed", _settings(derandomize=True, database=None))
+    assert COVERAGE.fraction("contended") >= MIN_CONTENDED, COVERAGE.line()
+    missing = [name for name in REQUIRED if not COVERAGE[name]]
+    assert not missing, f"never reached {missing}: {COVERAGE.line()}"
+
+
+def test_fresh_schedules() -> None:
+    """New schedules every run; the seed is printed and replays the batch."""
+    seed = int(os.environ.get("STREAMKIT_SIM_SEED") or random.SystemRandom().randrange(2**32))
+    report(f"simulation seed: STREAMKIT_SIM_SEED={seed} (replays this batch)")
+    fresh = settings(_settings(database=None), max_examples=FRESH_EXAMPLES)
+
+    @hypothesis.seed(seed)
+    class Seeded(ProtocolSimulation):
+        pass
+
+    try:
+        _run(f"fresh, STREAMKIT_SIM_SEED={seed}", fresh, Seeded)
+    except AssertionError as exc:
+        raise AssertionError(f"replay with STREAMKIT_SIM_SEED={seed}: {exc}") from exc
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: a process that never saw the lost writes cannot notice the rollback",
+)
+def test_a_rollback_only_another_process_saw() -> None:
+    """Redis forgets a grant that one process made; the other process grants it again.
+
+    m3 joins through c0 and reads every shard.  Redis loses that write; m2
+    then joins through c1, which never saw it, and is granted the same shards
+    while m3 still reads them inside its lease.  Nothing reports the
+    regression before the grant: c0 would notice only on its next load, m3
+    only on its next heartbeat.  Flip to a plain test once rollback detection
+    covers it (for example a process that sees Redis fail over opens a
+    correction round).
+    """
+    machine = ProtocolSimulation()
+    machine.setup()
+    c0, c1 = machine.processes
+    for sim in machine.members.values():
+        sim.machine = None
+    m3, m2 = MemberStateMachine("m3", lease_ms=500), MemberStateMachine("m2", lease_ms=500)
+    machine.members["m3"].machine, machine.members["m2"].machine = m3, m2
+    for _ in range(2):  # join, then the heartbeat that is granted every shard
+        machine._answer(m3, c0.heartbeat(m3.next_request(machine.now), machine.now))
+    assert m3.readable(machine.now) == frozenset(range(SHARDS))
+    del machine.redis.history[1:]  # the failover loses m3's join and grants
+    for _ in range(2):
+        machine._answer(m2, c1.heartbeat(m2.next_request(machine.now), machine.now))
+    machine.no_shard_held_twice()
+
+
+def test_a_late_previous_epoch_report_releases_nothing() -> None:
+    """A schedule the random search reaches only now and then, pinned.
+
+    m0 sends a heartbeat that is held up on the wire, then is granted m1's
+    shards (a new epoch).  A correction round opens (Redis lost a write), so
+    nothing is granted back.  The held-up report, one epoch old, arrives: it
+    must be answered with the current view, not reconciled as if current
+    (which would release the shards m0 now reads).
+    """
+    machine = ProtocolSimulation()
+    machine.setup()
+    c0 = machine.processes[0]
+    for sim in machine.members.values():
+        sim.machine = None
+    m0, m1 = MemberStateMachine("m0", lease_ms=500), MemberStateMachine("m1", lease_ms=500)
+    machine.members["m0"].machine, machine.members["m1"].machine = m0, m1
+
+    def beat(member: MemberStateMachine) -> None:
+        request = member.next_request(machine.now, in_flight={s: 1 for s in member.draining})
+        machine._answer(member, c0.heartbeat(request, machine.now))
+        machine.no_shard_held_twice()
+
+    for _ in range(4):  # both join and settle on two shards each
+        beat(m0)
+        beat(m1)
+        for member in (m0, m1):
+            for shard in list(member.draining):
+                member.drained(shard)
+        machine.now += 100
+    assert len(m0.reading) == len(m1.reading) == SHARDS // 2
+    machine.members["m1"].machine = None  # m1 crashes
+    held_up = m0.next_request(machine.now)
+    m0.request_failed()
+    for _ in range(7):  # m1's lease runs out; m0 is granted everything
+        machine.now += 100
+        beat(m0)
+    assert m0.reading == set(range(SHARDS))
+    assert held_up.member_epoch == machine.redis.current[1].members["m0"].previous_member_epoch
+    del machine.redis.history[-1:]  # Redis loses m0's last heartbeat
+    machine.now += 50
+    machine.deliver_late_duplicate_of(held_up, 0)
+    machine.no_shard_held_twice()
+
+
+def test_a_restore_from_before_a_handoff_starts_nothing_new() -> None:
+    """Pinned: Redis restores a snapshot from before m0 handed shards to m1.
+
+    In Redis m0 owns (and is the target of) every shard again, while m1 still
+    reads the two it was given.  m0's answer during the correction round is
+    SYNC_METADATA: it may keep what it reads and must start nothing else.
+    """
+    machine = ProtocolSimulation()
+    machine.setup()
+    c0 = machine.processes[0]
+    for sim in machine.members.values():
+        sim.machine = None
+    m0, m1 = MemberStateMachine("m0", lease_ms=500), MemberStateMachine("m1", lease_ms=500)
+    machine.members["m0"].machine = m0
+
+    def beat(member: MemberStateMachine) -> None:
+        request = member.next_request(machine.now, in_flight={s: 1 for s in member.draining})
+        machine._answer(member, c0.heartbeat(request, machine.now))
+        machine.no_shard_held_twice()
+
+    beat(m0)
+    beat(m0)
+    before_handoff = len(machine.redis.history)
+    machine.members["m1"].machine = m1
+    beat(m1)
+    machine.now += 50
+    beat(m0)
+    for shard in list(m0.draining):
+        m0.drained(shard)
+    beat(m0)
+    beat(m1)
+    machine.now += 50
+    beat(m0)
+    beat(m1)
+    assert m1.reading and m0.reading.isdisjoint(m1.reading)
+    del machine.redis.history[before_handoff:]
+    machine.now += 50
+    beat(m0)  # SYNC_METADATA from the process that saw the lost writes

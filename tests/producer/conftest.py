@@ -19,8 +19,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
-import httpx
+import helpers
 import pytest
+from helpers import create_group, metadata_key
 
 from streamkit.producer import Publisher
 from streamkit.settings import StreamKitSettings
@@ -47,15 +48,12 @@ class FakeClock:
         self.now += seconds
 
 
-def metadata_key(prefix: str, group: str) -> str:
-    return f"redis-stream:coord:{{{prefix}:{group}}}:metadata"
-
-
 async def eventually(predicate: Callable[[], bool], within: float = 5.0) -> None:
-    """Poll until ``predicate()`` holds (background refreshes have no event to wait on)."""
-    with anyio.fail_after(within):
-        while not predicate():  # noqa: ASYNC110
-            await anyio.sleep(0.005)
+    """Poll until ``predicate()`` holds (background refreshes have no event to wait on).
+
+    Polls every 5 ms: some tests watch a counter pass through a value.
+    """
+    await helpers.eventually(predicate, within, "the predicate", interval=0.005)
 
 
 @dataclass
@@ -100,14 +98,7 @@ class Stack:
         return f"{self.prefix}:{shard}"
 
     async def create_group(self, shards: int, group: str | None = None) -> None:
-        async with httpx.AsyncClient(
-            base_url=self.coordinator.url, auth=self.coordinator.admin_auth
-        ) as http:
-            answer = await http.post(
-                f"{API}/streams/{self.prefix}/groups/{group or self.group}",
-                json={"initialShardCount": shards, "requestedBy": "tests", "reason": "producer"},
-            )
-        assert answer.status_code == 201, answer.text
+        await create_group(self.coordinator, self.prefix, group or self.group, shards)
 
     async def rewrite_routing(
         self, *, shard_count: int | None = None, version: int | None = None

@@ -8,14 +8,14 @@ server-level tests without depending on the consumer runtime.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import helpers
 import httpx
-from server.sim import API, SimMember
+from helpers import eventually as eventually
+from server.sim import SimMember
 
 from streamkit.testing import AsyncRedisClient
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -25,49 +25,12 @@ PRODUCER_LEASE_MS = 1_500
 COORDINATOR_ENV = {"STREAMKIT_SERVER_PRODUCER_ROUTING_LEASE_MS": str(PRODUCER_LEASE_MS)}
 
 
-async def eventually(
-    check: Callable[[], Awaitable[bool]], within: float, what: str, interval: float = 0.05
-) -> None:
-    deadline = time.monotonic() + within
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:.1f}s waiting for {what}")
-        await anyio.sleep(interval)
-
-
-class Admin:
-    """The coordinator's admin and monitoring API, over real HTTP."""
+class Admin(helpers.Admin):
+    """The shared admin client plus the resharding calls, on the test's HTTP client."""
 
     def __init__(self, http: httpx.AsyncClient, coordinator: CoordinatorProcess) -> None:
-        self.http = http
-        self.coordinator = coordinator
-
-    @property
-    def url(self) -> str:
-        return self.coordinator.url
-
-    async def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        return await self.http.post(
-            f"{self.url}{API}{path}", json=body, auth=self.coordinator.admin_auth, timeout=15
-        )
-
-    async def get(self, path: str) -> httpx.Response:
-        return await self.http.get(
-            f"{self.url}{API}{path}", auth=self.coordinator.admin_auth, timeout=15
-        )
-
-    async def create_stream(self, prefix: str, shards: int, **extra: Any) -> None:
-        r = await self.post(
-            f"/streams/{prefix}", {"initialShardCount": shards, "requestedBy": "t", **extra}
-        )
-        assert r.status_code == 201, r.text
-
-    async def create_group(self, prefix: str, group: str, shards: int | None = None) -> None:
-        body: dict[str, Any] = {"requestedBy": "t"}
-        if shards is not None:
-            body["initialShardCount"] = shards
-        r = await self.post(f"/streams/{prefix}/groups/{group}", body)
-        assert r.status_code == 201, r.text
+        super().__init__(coordinator, http)
+        self.http: httpx.AsyncClient = http
 
     async def scale(self, prefix: str, target: int, **extra: Any) -> httpx.Response:
         body = {"targetShardCount": target, "requestedBy": "tests", "reason": "test", **extra}
@@ -153,10 +116,18 @@ class SimConsumer:
 
     async def step(self) -> None:
         """One heartbeat, then read (and ack) every owned shard once."""
+        body = self.member.body()
         try:
-            await self.member.heartbeat()
-        except (httpx.HTTPError, AssertionError):
+            r = await self.member.post(body)
+        except httpx.HTTPError:
             return  # the coordinator is restarting: try again next step
+        if r.status_code == 503:
+            return  # a coordinator that cannot reach Redis right now: retry
+        # Anything else is an answer the tests must see, not retry past.
+        assert r.status_code == 200, f"{self.member.member_id}: heartbeat answered {r.text}"
+        data: dict[str, Any] = r.json()
+        assert data["responseTo"] == body["requestId"], (data, body)
+        self.member.apply(data, body)
         self._claimed &= self.member.owned
         for shard in sorted(self.member.owned - self.skip):
             key = f"{self.prefix}:{shard}"

@@ -3,31 +3,28 @@ steady load, a real coordinator process, real Redis (standalone and cluster).
 
 Guarantees checked: nothing published is lost, every message of an added or
 removed shard is acked, removed shards are deleted only after they drained,
-and (ordered mode) each key's messages are handled in publish order.
+(ordered mode) each key's messages are handled in publish order, and handler
+calls of one shard never overlap between members.
 Duplicates and, without ordered mode, reorderings are counted and reported,
 not asserted: at-least-once allows them.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
+from consumer.support import overlapping_processing
+from helpers import AppProcess
 
 from streamkit import Message, StreamKit
 from streamkit.failure import FailurePolicy
 from streamkit.routing_cache import RoutingUnavailable
 from streamkit.testing import AsyncRedisClient, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
-from streamkit.testing.redis_server import _die_with_parent_hook
 
 from .support import Admin, eventually
 from .traffic import Sink, Traffic, client_settings, consumer, publisher, publishing, serving
@@ -89,6 +86,17 @@ def duplicates(sink: Sink) -> int:
     return sum(c - 1 for c in sink.counts().values())
 
 
+def one_processor_per_shard(sink: Sink) -> None:
+    """Handler calls of one shard by two members never overlapped in time.
+
+    These tests fence nobody, so the documented exception (a handler still
+    running when its member was fenced) does not apply.
+    """
+    assert sink.calls, "no handler call recorded"
+    overlaps = overlapping_processing(sink.calls)
+    assert not overlaps, overlaps[:5]
+
+
 async def test_scale_out_under_load(
     coord: CoordinatorProcess,
     any_redis: RedisTarget,
@@ -118,6 +126,7 @@ async def test_scale_out_under_load(
     report("scale_out.published", len(traffic.published))
     report("scale_out.on_added_shards", len(on_new))
     report("scale_out.duplicates", duplicates(sink))
+    one_processor_per_shard(sink)
 
 
 async def test_scale_in_under_load(
@@ -156,25 +165,18 @@ async def test_scale_in_under_load(
     report("scale_in.to_removed_before_switch", len(before_switch))
     report("scale_in.to_removed_after_switch(cached routing)", after_switch)
     report("scale_in.duplicates", duplicates(sink))
+    one_processor_per_shard(sink)
 
 
 def start_app(
     coordinator: CoordinatorProcess, target: RedisTarget, record: Path, **env: str
-) -> Any:
-    environment = dict(os.environ)
+) -> AppProcess:
     settings = client_settings(coordinator, target, "doomed")
-    environment.update({f"STREAMKIT_{k.upper()}": str(v) for k, v in settings.items()})
+    environment = {f"STREAMKIT_{k.upper()}": str(v) for k, v in settings.items()}
     environment["STREAMKIT_REDIS_CLUSTER"] = "true" if target.cluster else "false"
-    environment.update({"RSK_RECORD": str(record), "PYTHONPATH": str(REPO), **env})
-    log = open(record.with_suffix(".log"), "ab")
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "streamkit", "run", "tests.resharding.apps.recorder:app"],
-            env=environment, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent_hook(),
-        )  # fmt: skip
-    finally:
-        log.close()
+    environment.update({"RSK_RECORD": str(record), **env})
+    app = AppProcess("tests.resharding.apps.recorder:app", environment, record.with_suffix(".log"))
+    return app.start()
 
 
 async def test_scale_in_with_every_member_dead(
@@ -200,8 +202,7 @@ async def test_scale_in_with_every_member_dead(
         await eventually(
             lambda: _true(len(record.read_text().splitlines()) >= 60), 10, "the app read it all"
         )
-        proc.send_signal(signal.SIGKILL)  # no leave, no revoke: the members just vanish
-        proc.wait(10)
+        proc.kill()  # no leave, no revoke: the members just vanish
         for n in range(60, 160):
             published[n] = (await pub.publish(f"k{n}", _fields(n))).stream_key
         rid = await admin.scale_ok(prefix, 2)
@@ -221,9 +222,7 @@ async def test_scale_in_with_every_member_dead(
         report("dead_members.read_by_later_consumer", len(set(sink.counts())))
     finally:
         await pub.aclose()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        proc.cleanup()
 
 
 async def _true(value: bool) -> bool:
@@ -261,6 +260,7 @@ async def test_scale_to_zero_fails_publishing_closed(
     report("zero.published_before_refusal", len(traffic.published))
     report("zero.refused", len(traffic.refused))
     report("zero.duplicates", duplicates(sink))
+    one_processor_per_shard(sink)
 
 
 @pytest.mark.parametrize("ordering", ["key", "none"])
@@ -301,6 +301,7 @@ async def test_per_key_order_across_a_scale(
     report(f"order[{ordering}].keys_out_of_order", len(out_of_order))
     report(f"order[{ordering}].max_latency_after_switch_s", round(max(during), 3))
     report(f"order[{ordering}].duplicates", duplicates(sink))
+    one_processor_per_shard(sink)
     if ordering == "key":
         assert not out_of_order, out_of_order
 

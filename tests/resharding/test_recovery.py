@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from helpers import metadata_key
 
 from streamkit.routing import redis_cluster_slot
 from streamkit.testing import (
@@ -200,7 +201,7 @@ async def test_killed_while_preparing_cluster(
         stalled = node(f"{prefix}:4")
         own = [
             f"{KP}:{{{prefix}}}:stream", f"{KP}:groups",
-            f"{KP}:{{{prefix}:g}}:metadata", f"{KP}:{{{prefix}:h}}:metadata",
+            metadata_key(prefix, "g", KP), metadata_key(prefix, "h", KP),
         ]  # fmt: skip
         if all(node(key) != stalled for key in own):
             break

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from consumer.support import ReadInterval
 
 from streamkit import Message, StreamKit
 from streamkit.producer import Publisher, PublishResult
@@ -56,11 +57,34 @@ class Handled:
 
 @dataclass
 class Sink:
-    """Everything the consumers handled, in handling order."""
+    """Everything the consumers handled, in handling order.
+
+    Also the consumers' read observer: it learns each member's epoch from its
+    reads, and records every handler call (start to finish, with the member
+    and that epoch) for the processing-exclusivity check.
+    """
 
     items: list[Handled] = field(default_factory=list)
+    calls: list[ReadInterval] = field(default_factory=list)
+    _epochs: dict[tuple[int, str], int] = field(default_factory=dict)
+
+    def read_started(self, shard: int, member_id: str, epoch: int) -> None:
+        self._epochs[(shard, member_id)] = epoch
+
+    def read_finished(self, shard: int, member_id: str, epoch: int, count: int) -> None:
+        pass
 
     async def handle(self, msg: Message) -> None:
+        started = time.monotonic_ns()
+        try:
+            await self._handle(msg)
+        finally:
+            epoch = self._epochs.get((msg.shard, msg.member_id), 0)
+            self.calls.append(
+                ReadInterval(msg.shard, msg.member_id, epoch, started, time.monotonic_ns())
+            )
+
+    async def _handle(self, msg: Message) -> None:
         f = msg.fields
         item = Handled(
             n=int(f["n"]),
@@ -130,7 +154,7 @@ def consumer(
     sink: Sink,
     concurrency: int = 1,
 ) -> StreamKit:
-    app = StreamKit(**client_settings(coordinator, target, base))
+    app = StreamKit(**client_settings(coordinator, target, base), read_observer=sink)
     app.add_listener(prefix, group, sink.handle, concurrency=concurrency, batch_size=50)
     return app
 

@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import helpers
 import httpx
+from helpers import API, KEY_PREFIX, metadata_key
 
 from streamkit.testing import AsyncRedisClient, RedisTarget, redis_client
 from streamkit.testing.coordinator import (
@@ -17,15 +19,13 @@ from streamkit.testing.coordinator import (
     CoordinatorProcess,
 )
 
-API = "/coord/v1"
-KEY_PREFIX = "redis-stream:coord"
 FENCED = {"UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH"}
 # What every launched coordinator accepts on its (authenticated) member API.
 MEMBER_AUTH = (TEST_ADMIN_USERNAME, TEST_ADMIN_PASSWORD)
 
+__all__ = ["API", "KEY_PREFIX", "MEMBER_AUTH", "meta_key"]
 
-def meta_key(prefix: str, group: str) -> str:
-    return f"{KEY_PREFIX}:{{{prefix}:{group}}}:metadata"
+meta_key = metadata_key
 
 
 async def stored_group(r: AsyncRedisClient, prefix: str, group: str) -> dict[str, Any]:
@@ -71,14 +71,7 @@ async def redis_of(target: RedisTarget) -> AsyncIterator[AsyncRedisClient]:
 async def create_group(
     http: httpx.AsyncClient, coord: CoordinatorProcess, prefix: str, group: str, shard_count: int
 ) -> dict[str, Any]:
-    r = await http.post(
-        f"{coord.url}{API}/streams/{prefix}/groups/{group}",
-        json={"initialShardCount": shard_count, "requestedBy": "tests"},
-        auth=coord.admin_auth,
-    )
-    assert r.status_code == 201, r.text
-    body: dict[str, Any] = r.json()
-    return body
+    return await helpers.create_group(coord, prefix, group, shard_count, http=http)
 
 
 async def metric(http: httpx.AsyncClient, coord: CoordinatorProcess, name: str) -> float:

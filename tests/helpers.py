@@ -1,0 +1,260 @@
+"""Scaffolding shared by the test packages: polling, the admin API, app processes, keys.
+
+One copy of each: the consumer, producer, resharding, server and samples tests
+all poll with ``eventually``, create groups through ``create_group`` (or
+``Admin``), name metadata keys with ``metadata_key`` and start
+``streamkit run`` processes with ``AppProcess``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from streamkit.protocol import (
+    AssignmentsResponse,
+    ConsumptionProgressResponse,
+    MemberListResponse,
+    shard_indexes,
+)
+from streamkit.testing.coordinator import CoordinatorProcess
+from streamkit.testing.redis_server import _die_with_parent_hook
+
+REPO = Path(__file__).resolve().parents[1]
+API = "/coord/v1"
+#: The coordinator's default Redis key prefix (``STREAMKIT_SERVER_KEY_PREFIX``).
+KEY_PREFIX = "redis-stream:coord"
+
+
+def metadata_key(prefix: str, group: str, key_prefix: str = KEY_PREFIX) -> str:
+    """The Redis hash holding a group's metadata (one hash slot per group)."""
+    return f"{key_prefix}:{{{prefix}:{group}}}:metadata"
+
+
+_INCARNATION_PART = re.compile(r"-[0-9a-f]{8}(?=-m\d+\b)")
+
+
+def logical(member_id: str) -> str:
+    """``a-1f2e3d4c-m0`` -> ``a-m0``: a member id (or text) without the per-start part.
+
+    Tests name processes by ``STREAMKIT_MEMBER_ID_BASE``; each start of a
+    process adds a random part to its member ids (see ``member_id_prefix``).
+    """
+    return _INCARNATION_PART.sub("", member_id)
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]] | Callable[[], bool],
+    within: float = 5.0,
+    what: str = "the condition",
+    interval: float = 0.05,
+    details: Callable[[], str] | None = None,
+) -> None:
+    """Poll ``check`` (sync or async) until true; fail naming ``what`` after ``within`` s.
+
+    ``details`` adds context to the failure (process logs, for example).
+    """
+    deadline = time.monotonic() + within
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            extra = f"\n{details()}" if details is not None else ""
+            raise AssertionError(f"timed out after {within:.1f}s waiting for {what}{extra}")
+        await anyio.sleep(interval)
+
+
+async def create_group(
+    coordinator: CoordinatorProcess,
+    prefix: str,
+    group: str,
+    shards: int | None = None,
+    *,
+    http: httpx.AsyncClient | None = None,
+) -> dict[str, Any]:
+    """``POST /streams/{prefix}/groups/{group}`` as the admin; asserts 201."""
+    return await Admin(coordinator, http).create_group(prefix, group, shards)
+
+
+class Admin:
+    """The coordinator's admin and monitoring API, over real HTTP.
+
+    Uses ``http`` when given (a test's shared client), else a client per call.
+    """
+
+    def __init__(self, coordinator: CoordinatorProcess, http: httpx.AsyncClient | None = None):
+        self.coordinator = coordinator
+        self.http = http
+
+    @property
+    def url(self) -> str:
+        return self.coordinator.url
+
+    @property
+    def auth(self) -> tuple[str, str]:
+        return self.coordinator.admin_auth
+
+    async def request(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        url = f"{self.url}{API}{path}"
+        if self.http is not None:
+            return await self.http.request(method, url, json=body, auth=self.auth, timeout=15)
+        async with httpx.AsyncClient(timeout=15) as http:
+            return await http.request(method, url, json=body, auth=self.auth)
+
+    async def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        return await self.request("POST", path, body)
+
+    async def get(self, path: str) -> httpx.Response:
+        return await self.request("GET", path)
+
+    async def get_json(self, path: str) -> Any:
+        r = await self.get(path)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    async def create_stream(self, prefix: str, shards: int, **extra: Any) -> None:
+        r = await self.post(
+            f"/streams/{prefix}", {"initialShardCount": shards, "requestedBy": "t", **extra}
+        )
+        assert r.status_code == 201, r.text
+
+    async def create_group(
+        self, prefix: str, group: str, shards: int | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"requestedBy": "tests", "reason": "tests"}
+        if shards is not None:
+            body["initialShardCount"] = shards
+        r = await self.post(f"/streams/{prefix}/groups/{group}", body)
+        assert r.status_code == 201, r.text
+        created: dict[str, Any] = r.json()
+        return created
+
+    def _monitoring(self, prefix: str, group: str, view: str) -> str:
+        return f"/monitoring/streams/{prefix}/groups/{group}/{view}"
+
+    async def owners(self, prefix: str, group: str, *, raw: bool = False) -> dict[str, list[int]]:
+        """memberId -> shards it currently holds (current assignment).
+
+        Member ids are ``logical`` unless ``raw``.
+        """
+        body = AssignmentsResponse.from_wire(
+            await self.get_json(self._monitoring(prefix, group, "assignments"))
+        )
+        name = (lambda m: m) if raw else logical
+        return {name(m): shard_indexes(s) for m, s in body.current_assignments.items() if s}
+
+    async def targets(self, prefix: str, group: str) -> dict[str, list[int]]:
+        """memberId (``logical``) -> its target shards."""
+        body = AssignmentsResponse.from_wire(
+            await self.get_json(self._monitoring(prefix, group, "assignments"))
+        )
+        return {logical(m): shard_indexes(s) for m, s in body.target_assignment.items() if s}
+
+    async def consumption(self, prefix: str, group: str) -> ConsumptionProgressResponse:
+        return ConsumptionProgressResponse.from_wire(
+            await self.get_json(self._monitoring(prefix, group, "consumption"))
+        )
+
+    async def members(self, prefix: str, group: str) -> MemberListResponse:
+        return MemberListResponse.from_wire(
+            await self.get_json(self._monitoring(prefix, group, "members"))
+        )
+
+
+class AppProcess:
+    """``python -m streamkit run <target>`` as a real process, output in a file."""
+
+    def __init__(
+        self, target: str, env: Mapping[str, str], log_path: Path, args: Iterable[str] = ()
+    ) -> None:
+        self.target = target
+        self.args = list(args)
+        self.env = dict(env)
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        #: monotonic ns at which the process was known dead (after kill/exit).
+        self.died_ns: int | None = None
+
+    def start(self) -> AppProcess:
+        env = dict(os.environ)
+        env.update(self.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "streamkit", "run", self.target, *self.args],
+                env=env,
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent_hook(),
+            )
+        finally:
+            log.close()
+        self.died_ns = None
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def assert_running(self) -> None:
+        assert self.running(), f"{self.target} exited early:\n{self.logs(None)}"
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing runs on the way out."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.died_ns = time.monotonic_ns()
+
+    async def terminate(self, within: float = 20.0) -> int:
+        """SIGTERM and wait for the exit status without blocking the loop."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return await self.wait(within)
+
+    async def wait(self, within: float) -> int:
+        assert self.proc is not None
+        deadline = time.monotonic() + within
+        while self.proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.target} did not exit in {within}s:\n{self.logs()}")
+            await anyio.sleep(0.02)
+        self.died_ns = time.monotonic_ns()
+        return self.proc.returncode
+
+    def cleanup(self) -> None:
+        """Kill the process (by its pid) if a failed assertion left it running."""
+        if self.running():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def logs(self, lines: int | None = 80) -> str:
+        """The last ``lines`` lines of its output (all of it with ``None``)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return text if lines is None else "\n".join(text.splitlines()[-lines:])
