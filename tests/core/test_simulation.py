@@ -298,7 +298,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
         """
         if self.undetected_rollback:
             revision = self.redis.current[0]
-            witnesses = [p for p in self.processes if p.highest and p.highest[1] > revision]
+            witnesses = [p for p in self.processes if p.highest and p.highest.revision > revision]
             if witnesses:
                 return witnesses[index % len(witnesses)]
             self.undetected_rollback = False
