@@ -142,6 +142,30 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "leave-ignores-incarnation",
+        "a leave frees a member's shards whatever incarnation it carries (forged, stale)",
+        (
+            (
+                HEARTBEAT,
+                "if member is not None and member.incarnation != request.incarnation:\n"
+                "        # A forged leave",
+                "if False:\n        # A forged leave",
+            ),
+        ),
+    ),
+    Mutant(
+        "join-ignores-incarnation",
+        "a join from another process takes over a live member id",
+        (
+            (
+                HEARTBEAT,
+                "if existing is not None and existing.incarnation != request.incarnation:",
+                "if existing is not None and existing.incarnation != request.incarnation"
+                " and False:",
+            ),
+        ),
+    ),
+    Mutant(
         "previous-epoch-as-current",
         "a previous-epoch heartbeat is processed like a current one",
         (

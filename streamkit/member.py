@@ -234,6 +234,10 @@ class MemberStateMachine:
         self.stopping = False
         self.left = False
         self._sent = None
+        if self.incarnation is not None:
+            # A new incarnation: a late duplicate of the leave just sent must
+            # not count as a leave of the member that joins again.
+            self.incarnation = new_incarnation()
 
     # -- responses -------------------------------------------------------------
 

@@ -41,12 +41,13 @@ from hypothesis.stateful import (
 )
 
 import streamkit.member as member_module
-from streamkit.member import MemberStateMachine, ReactionKind
+from streamkit.member import MemberStateMachine, ReactionKind, new_incarnation
 from streamkit.protocol import (
     HeartbeatRequest,
     HeartbeatResponse,
     MemberState,
     RevokingShardState,
+    RuntimeConsumerCapacity,
 )
 from streamkit_server.core import (
     CoordinatorConfig,
@@ -63,6 +64,7 @@ from streamkit_server.core import (
     start_resharding,
     tick,
 )
+from streamkit_server.core.errors import Rejected
 from streamkit_server.core.rollback import Seen
 from streamkit_server.core.rollback import observe as core_observe
 
@@ -173,17 +175,22 @@ class CoordinatorProcess:
             self.highest, _ = observe(self.highest, written, state, locked=True)
         return state
 
-    def heartbeat(self, request: HeartbeatRequest, now: int) -> HeartbeatResponse:
+    def heartbeat(self, request: HeartbeatRequest, now: int) -> HeartbeatResponse | None:
+        """The answer, or None for a refusal (``409 MEMBER_ID_IN_USE``)."""
         answers: list[HeartbeatResponse] = []
 
         def op(group: GroupMetadata) -> GroupMetadata:
-            outcome = handle_heartbeat(group, request.member_id, request, now, CONFIG)
+            try:
+                outcome = handle_heartbeat(group, request.member_id, request, now, CONFIG)
+            except Rejected:
+                COVERAGE.count("joins_refused")
+                return group
             answers.append(outcome.response)
             assert outcome.state is not None
             return outcome.state
 
         self.run(op, now)
-        return answers[-1]
+        return answers[-1] if answers else None
 
     def tick(self, now: int) -> None:
         """The tick loop: a cheap scan, then a locked tick when something is due."""
@@ -225,13 +232,19 @@ class CoordinatorProcess:
 class SimMember:
     member_id: str
     machine: MemberStateMachine | None = None
+    #: The process's name: a twin shares the member id with another process.
+    label: str = ""
     #: Its handlers hang: draining shards never finish (until it crashes), so
     #: the coordinator's rebalance timeout fences it.
     stalled: bool = False
 
     def start(self) -> None:
         # The longest local lease the protocol allows: the tightest margins.
-        self.machine = MemberStateMachine(self.member_id, lease_ms=CONFIG.member_lease_ttl_ms)
+        # Every start is a new incarnation, as in the real runtime.
+        self.label = self.label or self.member_id
+        self.machine = MemberStateMachine(
+            self.member_id, lease_ms=CONFIG.member_lease_ttl_ms, incarnation=new_incarnation()
+        )
 
     @property
     def alive(self) -> bool:
@@ -326,7 +339,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
             machine.request_failed()
             return
         response = self._process(process).heartbeat(request, self.now)
-        if fate == "lose_response":
+        if fate == "lose_response" or response is None:
             machine.request_failed()
             return
         self._answer(machine, response)
@@ -357,9 +370,9 @@ class ProtocolSimulation(RuleBasedStateMachine):
             self._process(process).drain_work(self.now)
             # A fresh order every round: who heartbeats first after a timeout
             # decides who sees a released shard first.
-            order: list[str] = data.draw(st.permutations(MEMBERS), label="order")
-            for member_id in order:
-                sim = self.members[member_id]
+            order: list[str] = data.draw(st.permutations(sorted(self.members)), label="order")
+            for label in order:
+                sim = self.members[label]
                 machine = sim.machine
                 if machine is None:
                     continue
@@ -403,6 +416,9 @@ class ProtocolSimulation(RuleBasedStateMachine):
         response = self._process(process).heartbeat(request, self.now)
         self.now += to_client
         self.no_shard_held_twice()
+        if response is None:
+            machine.request_failed()
+            return
         self._answer(machine, response)
 
     @rule(member=st.sampled_from(MEMBERS))
@@ -525,8 +541,60 @@ class ProtocolSimulation(RuleBasedStateMachine):
         COVERAGE.count("rollbacks")
 
     # -- identity faults ------------------------------------------------------------
-    # Shared static member ids, and stale or forged leaves (epoch -1) from an
-    # earlier incarnation, belong here once members carry incarnations (issue 10).
+
+    @precondition(lambda self: not any(sim.label != sim.member_id for sim in self.members.values()))
+    @rule(member=st.sampled_from(MEMBERS))
+    def start_twin(self, member: str) -> None:
+        """A second process with the same (static) member id, another incarnation."""
+        twin = SimMember(member, label=f"{member}'")
+        twin.start()
+        self.members[twin.label] = twin
+        COVERAGE.count("twins")
+
+    @precondition(lambda self: any(sim.label != sim.member_id for sim in self.members.values()))
+    @rule()
+    def stop_twin(self) -> None:
+        for label in [k for k, sim in self.members.items() if sim.label != sim.member_id]:
+            del self.members[label]  # a crash: whatever it held lingers in Redis
+
+    @rule(member=st.sampled_from(MEMBERS), duplicate=st.booleans(), process=st.integers(0, 1))
+    def graceful_stop(self, member: str, duplicate: bool, process: int) -> None:
+        """Drain, leave (-1), exit; a copy of the leave may arrive much later,
+        after a restart (a new incarnation) took the member id again."""
+        sim = self.members[member]
+        machine = sim.machine
+        if machine is None or sim.stalled:
+            return
+        machine.stop()
+        for shard in sorted(machine.draining):
+            machine.drained(shard)
+        request = machine.leave_request(self.now)
+        if duplicate:
+            self.network.delayed.append(request)
+        self._process(process).heartbeat(request, self.now)
+        sim.machine = None
+        COVERAGE.count("graceful_stops")
+
+    @rule(
+        member=st.sampled_from(MEMBERS),
+        incarnation=st.sampled_from([None, "forged"]),
+        process=st.integers(0, 1),
+    )
+    def forged_leave(self, member: str, incarnation: str | None, process: int) -> None:
+        """Anyone who reaches the member API sends a leave for someone else's id."""
+        request = HeartbeatRequest(
+            protocol_version=1,
+            request_id="forged",
+            member_id=member,
+            member_epoch=-1,
+            metadata_version=self.redis.current[1].metadata_version,
+            runtime_consumer_capacity=RuntimeConsumerCapacity(
+                runtime_max_concurrency=1, available_concurrency=1
+            ),
+            incarnation=incarnation,
+        )
+        COVERAGE.count("forged_leaves")
+        self.deliver_late_duplicate_of(request, process)
 
     # -- the safety properties --------------------------------------------------------
 
@@ -538,10 +606,10 @@ class ProtocolSimulation(RuleBasedStateMachine):
         for sim in self.members.values():
             for shard in sim.holding(self.now):
                 assert shard not in holders, (
-                    f"shard {shard} held by {holders[shard]} and {sim.member_id} at {self.now}: "
+                    f"shard {shard} held by {holders[shard]} and {sim.label} at {self.now}: "
                     f"{self._describe()}"
                 )
-                holders[shard] = sim.member_id
+                holders[shard] = sim.label
         self._measure(holders)
 
     def late_report_moves_nothing(
@@ -556,13 +624,28 @@ class ProtocolSimulation(RuleBasedStateMachine):
         COVERAGE.count("late_deliveries_checked")
         sender = request.member_id
         member = base.members.get(sender)
-        current = member is not None and member.live and request.member_epoch == member.member_epoch
+        current = (
+            member is not None
+            and member.live
+            and member.incarnation == request.incarnation
+            and request.member_epoch == member.member_epoch
+        )
+        # A leave carrying the member's incarnation is true whenever it arrives:
+        # that start of the process drained and reads nothing, ever again (a
+        # process that rejoins draws a new incarnation first).
+        own_leave = (
+            request.member_epoch < 0
+            and request.incarnation is not None
+            and member is not None
+            and member.incarnation == request.incarnation
+        )
         still = reported(request)
         for shard, owner in base.owners.items():
             now_owner = after.owners.get(shard)
             if now_owner == owner:
                 continue
-            assert owner == sender and current and shard not in still and now_owner is None, (
+            releasable = current or own_leave
+            assert owner == sender and releasable and shard not in still and now_owner is None, (
                 f"late {request} moved shard {shard} from {owner} to {now_owner}"
             )
         for shard, owner in after.owners.items():
@@ -605,6 +688,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
     def teardown(self) -> None:
         if not hasattr(self, "members"):
             return
+        self.stop_twin()  # a twin never joins while its member id is live
         if not any(m.alive for m in self.members.values()):
             self.members["m0"].start()
         self.network.delayed.clear()
@@ -631,7 +715,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
 
     def _describe(self) -> str:
         members = {
-            sim.member_id: (
+            sim.label: (
                 sim.machine.epoch,
                 sorted(sim.machine.reading),
                 sorted(sim.machine.draining),
@@ -653,7 +737,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
 
     def _readers(self) -> dict[str, list[int]]:
         return {
-            sim.member_id: sorted(sim.machine.readable(self.now))
+            sim.label: sorted(sim.machine.readable(self.now))
             for sim in self.members.values()
             if sim.machine is not None
         }
@@ -692,6 +776,10 @@ REQUIRED = (
     "members_fenced",
     "restored_before_handoffs",
     "restored_open_rounds",
+    "twins",
+    "joins_refused",
+    "graceful_stops",
+    "forged_leaves",
 )
 
 
