@@ -192,23 +192,31 @@
 
   function startPolling(refresh) {
     stopPolling();
+    $("poll-error").hidden = true;
     const mine = generation;
     const loop = async () => {
+      let delay = POLL_MS;
       try {
-        await refresh(() => mine === generation);
+        delay = (await refresh(() => mine === generation)) || POLL_MS;
+        if (mine === generation) $("poll-error").hidden = true;
       } catch (err) {
         if (mine === generation) reportPollError(err);
       }
-      if (mine === generation && session) timer = setTimeout(loop, POLL_MS);
+      if (mine === generation && session) timer = setTimeout(loop, delay);
     };
     loop();
   }
 
   function reportPollError(err) {
-    const badge = $("health");
-    badge.hidden = false;
-    badge.className = "health DOWN";
-    badge.textContent = `unreachable: ${err}`;
+    if (err && err.status === 0) {
+      const badge = $("health");
+      badge.className = "health DOWN";
+      badge.dataset.status = "UNREACHABLE";
+      badge.textContent = "coordinator unreachable";
+    }
+    if (!session) return; // a 401 signed out already and says so on the form
+    $("poll-error").textContent = `Could not refresh: ${err}`;
+    $("poll-error").hidden = false;
   }
 
   function show(id) {
@@ -311,6 +319,9 @@
           h("td", {}, m ? `${m.state} ${m.fromShardCount}→${m.toShardCount}` : "—"));
       }));
       $("groups-empty").hidden = groups.length > 0;
+      // Two reads per group per round (offsets asks Redis about every shard):
+      // with many groups, poll less often rather than load the coordinator.
+      return Math.max(POLL_MS, groups.length * 100);
     });
   }
 

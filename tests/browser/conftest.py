@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-
 from consumer.support import AppProcess, app_env
+
 from streamkit.testing import RedisServer, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
@@ -33,8 +33,9 @@ CHROMIUM_ARGS = [
 ]
 SHARDS = 4
 # A short producer routing lease lets a scale reach DEPRECATED in seconds,
-# while staying long enough for the page to show it ACTIVE first.
-ROUTING_LEASE_MS = 3_000
+# while staying long enough for the page to show it ACTIVE first and for the
+# rollback test to press Roll back before the migration ends.
+ROUTING_LEASE_MS = 5_000
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "docs" / "img"
 
@@ -74,7 +75,9 @@ def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -
         try:
             for shard in range(SHARDS):
                 for n in range(30):
-                    client.xadd(f"{prefix}:{shard}", {"orderId": f"o-{shard}-{n}", "amount": str(n)})
+                    client.xadd(
+                        f"{prefix}:{shard}", {"orderId": f"o-{shard}-{n}", "amount": str(n)}
+                    )
         finally:
             client.close()
         result = Stack(coordinator, redis_server.url, prefix, group)

@@ -6,8 +6,8 @@ import re
 
 import httpx
 import pytest
-
 from coordinator_fixtures import CoordinatorPool
+
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import TEST_TOKEN_SECRET, CoordinatorProcess
 from streamkit_server.api.console import CONSOLE_DIR
