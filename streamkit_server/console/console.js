@@ -117,7 +117,7 @@
     if (!response.ok) {
       const message = (data && (data.message || data.detail)) || response.statusText;
       const error = new ApiError(response.status, data && data.errorCode, String(message));
-      if (response.status === 401 && session && !path.endsWith("/auth/login")) {
+      if (response.status === 401 && session && !path.endsWith("auth/login")) {
         signOut("Your session has ended: sign in again.");
       }
       throw error;

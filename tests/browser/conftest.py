@@ -57,6 +57,8 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A coordinator, a 4-shard group with entries, and two consumer processes."""
+    # Groups other tests left behind would be listed (and polled) too.
+    redis_server.flushall()
     prefix, group = f"orders-{uuid.uuid4().hex[:6]}", "billing"
     tmp = tmp_path_factory.mktemp("console")
     coordinator = CoordinatorProcess(
