@@ -292,6 +292,17 @@ def demo(
         str | None, typer.Option(help="Use this Redis instead of a private redis-server.")
     ] = None,
     redis_cluster: Annotated[bool, typer.Option(help="--redis-url is a cluster node.")] = False,
+    console: Annotated[
+        bool,
+        typer.Option(
+            "--console",
+            help="Watch in the web console: wait for Enter before starting and before cleaning up.",
+        ),
+    ] = False,
+    port: Annotated[
+        int | None,
+        typer.Option(min=1, max=65535, help="Coordinator port (default: a free one)."),
+    ] = None,
 ) -> None:
     """Run Redis, a coordinator, consumers and a publisher locally, live."""
     # Imported here: the demo needs the server extra and a source checkout.
@@ -306,6 +317,8 @@ def demo(
         shards=shards,
         scale_to=scale_to,
         rate=rate,
+        console=console,
+        port=port,
     )
     raise typer.Exit(run_demo(options))
 

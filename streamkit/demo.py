@@ -60,6 +60,11 @@ class DemoOptions:
     shards: int = 8
     scale_to: int = 12
     rate: float = 400.0
+    # Wait for Enter before the timeline and after the summary, so there is
+    # time to open the console in a browser and look at the end state.
+    console: bool = False
+    # Fixed coordinator port (None: a free one), e.g. to bookmark the console.
+    port: int | None = None
 
 
 @dataclass
@@ -119,6 +124,7 @@ def run(options: DemoOptions, console: Console | None = None) -> int:
                 redis_url,
                 cluster=cluster,
                 admin_password=password,
+                port=options.port,
                 heartbeat_interval_ms=HEARTBEAT_MS,
                 member_lease_ttl_ms=LEASE_MS,
                 rebalance_timeout_ms=10_000,
@@ -130,13 +136,38 @@ def run(options: DemoOptions, console: Console | None = None) -> int:
         )
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="streamkit-demo-")))
         env = _client_env(coordinator, redis_url, cluster)
+        _print_console_hint(console, coordinator)
+        interactive = options.console and console.is_terminal and sys.stdin.isatty()
+        if interactive and not _wait_for_enter(console, "open the console, then press Enter"):
+            return 130
         try:
             summary = anyio.run(_main, options, coordinator, env, root, logs, console)
         except KeyboardInterrupt:
             console.print("\n[yellow]interrupted: cleaning up[/]")
             return 130
-    _print_summary(console, summary, options)
+        _print_summary(console, summary, options)
+        if interactive:
+            _wait_for_enter(console, "press Enter to stop the coordinator and Redis")
     return 0 if summary.lost == 0 else 1
+
+
+def _print_console_hint(console: Console, coordinator: CoordinatorProcess) -> None:
+    """Where to watch the demo in a browser, and how to sign in."""
+    user, password = coordinator.admin_auth
+    console.print(
+        f"[bold]console:[/] {coordinator.url}/console/#/group/{ORDERS}/{BILLING}  "
+        f"(sign in as [bold]{user}[/] with password [bold]{password}[/])",
+        soft_wrap=True,  # a wrapped URL cannot be copied in one piece
+    )
+
+
+def _wait_for_enter(console: Console, prompt: str) -> bool:
+    """False when the user interrupted instead (Ctrl-C or end of input)."""
+    try:
+        console.input(f"[bold]{prompt}[/] ")
+    except (EOFError, KeyboardInterrupt):
+        return False
+    return True
 
 
 def _client_env(coordinator: CoordinatorProcess, redis_url: str, cluster: bool) -> dict[str, str]:

@@ -236,6 +236,9 @@ def test_demo_runs_and_loses_nothing() -> None:
             output, _ = proc.communicate()
         pytest.fail(f"streamkit demo --duration 10 did not finish:\n{output}")
     assert proc.returncode == 0, output
+    # The console link and credentials come first, so a newcomer can watch.
+    assert re.search(r"console: http://\S+/console/#/group/orders/billing", output), output
+    assert "sign in as admin with password" in output, output
     last = [line for line in output.splitlines() if line.strip()][-1].strip()
     match = _SUMMARY.fullmatch(last)
     assert match is not None, f"unexpected last line {last!r}:\n{output}"

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from streamkit_server.api import admin, auth, members, monitoring, resharding
+from streamkit_server.api.console import mount_console
 from streamkit_server.api.errors import BodyLimitMiddleware, install_error_handlers
 from streamkit_server.api.runtime import Runtime
 from streamkit_server.settings import ServerSettings
@@ -50,6 +51,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     for module in (auth, admin, resharding, members, monitoring):
         app.include_router(module.router)
+    mount_console(app)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
