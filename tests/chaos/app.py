@@ -39,8 +39,10 @@ class Recorder:
 
     async def on_assigned(self, shards: frozenset[int], ctx: ShardContext) -> None:
         self._contexts[ctx.member_id] = ctx
-        self._file.write(f"A {ctx.member_id} {ctx.epoch} {PID} {time.monotonic_ns()} "
-                         f"{','.join(map(str, sorted(shards)))}\n")
+        self._file.write(
+            f"A {ctx.member_id} {ctx.epoch} {PID} {time.monotonic_ns()} "
+            f"{','.join(map(str, sorted(shards)))}\n"
+        )
 
     async def on_revoked(self, shards: frozenset[int], ctx: ShardContext) -> None:
         return None

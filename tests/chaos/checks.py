@@ -7,6 +7,7 @@ loss).  Nothing here asks the coordinator or the Redis under test.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -76,8 +77,9 @@ class Records:
     handled: list[Handling]
 
 
-def parse(publisher_file: Path, consumer_files: Iterable[Path], died_ns: Mapping[int, int],
-          end_ns: int) -> Records:
+def parse(
+    publisher_file: Path, consumer_files: Iterable[Path], died_ns: Mapping[int, int], end_ns: int
+) -> Records:
     published: dict[int, list[Published]] = defaultdict(list)
     if publisher_file.exists():
         for line in publisher_file.read_text().splitlines():
@@ -103,8 +105,17 @@ def parse(publisher_file: Path, consumer_files: Iterable[Path], died_ns: Mapping
                 reads.append(Read(key[0], key[1], epoch, start, int(p[5]), lease))
             elif p[0] == "H" and len(p) == 11:
                 handled.append(
-                    Handling(int(p[1]), p[2], int(p[3]), f"{p[4]}@{p[6]}", int(p[5]), int(p[7]),
-                             int(p[8]), p[9], p[10] == "1")
+                    Handling(
+                        int(p[1]),
+                        p[2],
+                        int(p[3]),
+                        f"{p[4]}@{p[6]}",
+                        int(p[5]),
+                        int(p[7]),
+                        int(p[8]),
+                        p[9],
+                        p[10] == "1",
+                    )
                 )
         # A read with no end: the process died (or was still running) mid-read.
         for (shard, reader), left in open_reads.items():
@@ -150,8 +161,7 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.overlaps or self.reads_without_lease
-                    or self.order_violations)
+        return not (self.lost or self.overlaps or self.reads_without_lease or self.order_violations)
 
     @property
     def max_reconvergence_s(self) -> float:
@@ -189,10 +199,13 @@ def judge(records: Records, losses: list[DataLoss], faults: list[FaultSpan]) -> 
         for h in sorted(hs, key=lambda h: h.t0):
             per_entry[h.entry_id].append(h)
         for runs_of_entry in per_entry.values():
-            for earlier, again in zip(runs_of_entry, runs_of_entry[1:], strict=False):
+            for earlier, again in itertools.pairwise(runs_of_entry):
                 if again.redelivered:
-                    reason = ("claimed from another reader" if again.reader != earlier.reader
-                              else "claimed again by the same reader")
+                    reason = (
+                        "claimed from another reader"
+                        if again.reader != earlier.reader
+                        else "claimed again by the same reader"
+                    )
                 else:
                     reason = "read as new again (Redis rolled back)"
                 v.duplicates[reason] += 1

@@ -28,15 +28,18 @@ MAX_CONSUMERS = 4
 
 
 def schedule(rng: random.Random, start: float, end: float) -> list[tuple[float, str]]:
-    """Every kind once in a random order, then random kinds, at random gaps."""
+    """Every kind once in a random order, 2-4.5 s apart (faults overlap:
+    most last longer), then random kinds 3-8 s apart until ``end``."""
     kinds = list(KINDS)
     rng.shuffle(kinds)
     plan: list[tuple[float, str]] = []
     t = start
-    while t < end:
-        kind = kinds.pop(0) if kinds else rng.choice(KINDS)
+    for kind in kinds:
         plan.append((round(t, 2), kind))
         t += rng.uniform(2.0, 4.5)
+    while t < end:
+        plan.append((round(t, 2), rng.choice(KINDS)))
+        t += rng.uniform(3.0, 8.0)
     return plan
 
 

@@ -56,8 +56,10 @@ class Result:
     def details(self) -> str:
         v = self.verdict
         lines = [f"seed {self.seed}: {'PASS' if v.ok else 'FAIL'} (records in {self.workdir})"]
-        lines.append("  duplicates: " + (", ".join(
-            f"{reason} {n}" for reason, n in v.duplicates.most_common()) or "none"))
+        lines.append(
+            "  duplicates: "
+            + (", ".join(f"{reason} {n}" for reason, n in v.duplicates.most_common()) or "none")
+        )
         lines.append(f"  reads ending after their lease (paused processes): {v.late_ends}")
         if v.lost:
             lines.append(f"  LOST seqs: {v.lost[:30]}")
@@ -77,8 +79,15 @@ HEADER = (
 )
 
 
-async def run(*, seed: int, duration: float, workdir: Path | None = None, shards: int = 8,
-              consumers: int = 3, rate: float = 40.0) -> Result:
+async def run(
+    *,
+    seed: int,
+    duration: float,
+    workdir: Path | None = None,
+    shards: int = 8,
+    consumers: int = 3,
+    rate: float = 40.0,
+) -> Result:
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"streamkit-chaos-{seed}-"))
     workdir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -92,8 +101,14 @@ async def run(*, seed: int, duration: float, workdir: Path | None = None, shards
         "SKC_PREFIX": prefix,
         "SKC_GROUP": group,
     }
-    top = Topology(workdir, prefix=prefix, group=group, shards=shards,
-                   consumer_env=client_env, publisher_env=client_env)
+    top = Topology(
+        workdir,
+        prefix=prefix,
+        group=group,
+        shards=shards,
+        consumer_env=client_env,
+        publisher_env=client_env,
+    )
     chaos = Chaos(top, rng)
     plan = schedule(rng, WARMUP_S, duration - QUIET_S)
     try:
@@ -102,10 +117,14 @@ async def run(*, seed: int, duration: float, workdir: Path | None = None, shards
         env = {"STREAMKIT_COORDINATOR_URL": top.lb.url, "STREAMKIT_REDIS_URL": top.redis_url}
         top.consumer_env.update(env)
         top.publisher_env.update(env)
-        top.publisher_env.update({
-            "SKC_RECORD": str(workdir / "publisher.rec"), "SKC_RATE": str(rate),
-            "STREAMKIT_ROUTING_REFRESH_INTERVAL": "0.5", "STREAMKIT_ROUTING_LEASE": "3.0",
-        })
+        top.publisher_env.update(
+            {
+                "SKC_RECORD": str(workdir / "publisher.rec"),
+                "SKC_RATE": str(rate),
+                "STREAMKIT_ROUTING_REFRESH_INTERVAL": "0.5",
+                "STREAMKIT_ROUTING_LEASE": "3.0",
+            }
+        )
         await top.create_group()
         for _ in range(consumers):
             top.start_consumer()
@@ -125,8 +144,14 @@ async def run(*, seed: int, duration: float, workdir: Path | None = None, shards
         records = checks.parse(workdir / "publisher.rec", top.record_files, top.died_ns, end_ns)
         verdict = checks.judge(records, chaos.losses, chaos.spans)
         (workdir / "notes.log").write_text("\n".join(chaos.notes) + "\n")
-        return Result(seed, time.monotonic() - began, Counter(k for _, k in plan), verdict,
-                      workdir, chaos.notes)
+        return Result(
+            seed,
+            time.monotonic() - began,
+            Counter(k for _, k in plan),
+            verdict,
+            workdir,
+            chaos.notes,
+        )
     finally:
         with contextlib.suppress(Exception):
             await top.close()
@@ -136,8 +161,9 @@ async def _drain(top: Topology, chaos: Chaos) -> None:
     """Wait until every published entry that Redis still holds was handled."""
     deadline = time.monotonic() + DRAIN_S
     while time.monotonic() < deadline:
-        records = checks.parse(top.workdir / "publisher.rec", top.record_files, top.died_ns,
-                               time.monotonic_ns())
+        records = checks.parse(
+            top.workdir / "publisher.rec", top.record_files, top.died_ns, time.monotonic_ns()
+        )
         verdict = checks.judge(records, chaos.losses, [])
         if not verdict.lost:
             return

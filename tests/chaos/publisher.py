@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import TextIO
 
 import anyio
 
@@ -23,6 +24,10 @@ from streamkit.producer import Publisher
 from streamkit.settings import StreamKitSettings
 
 log = logging.getLogger("chaos.publisher")
+
+
+def open_record(path: Path) -> TextIO:
+    return open(path, "a", buffering=1)  # line-buffered: a kill loses no record
 
 
 def next_seq(path: Path) -> int:
@@ -41,7 +46,7 @@ async def main() -> None:
     keys = int(os.environ.get("SKC_KEYS", "16"))
     seq = next_seq(record)
     stop = anyio.Event()
-    out = open(record, "a", buffering=1)
+    out = open_record(record)
     publisher = Publisher(
         os.environ["SKC_PREFIX"], os.environ["SKC_GROUP"], settings=StreamKitSettings()
     )

@@ -37,8 +37,11 @@ async def test_sixty_seconds_of_every_fault(tmp_path: Path) -> None:
     _check(result)
 
 
+LONG_SEEDS = [int(s) for s in os.environ.get("CHAOS_SEEDS", "1,2,3").split(",")]
+
+
 @pytest.mark.long
-@pytest.mark.parametrize("seed", [int(s) for s in os.environ.get("CHAOS_SEEDS", "1,2,3").split(",")])
+@pytest.mark.parametrize("seed", LONG_SEEDS)
 async def test_long_soak(seed: int, tmp_path: Path) -> None:
     minutes = float(os.environ.get("CHAOS_MINUTES", "10"))
     _check(await run(seed=seed, duration=minutes * 60, workdir=tmp_path))

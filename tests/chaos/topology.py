@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 import redis.asyncio
+from consumer.support import REPO, AppProcess
 
 from streamkit.testing import HOST, RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
-from consumer.support import REPO, AppProcess
 
 from .proxy import ChaosProxy
 
@@ -36,8 +36,16 @@ def direct(server: RedisServer) -> redis.asyncio.Redis:
 
 
 class Topology:
-    def __init__(self, workdir: Path, *, prefix: str, group: str, shards: int,
-                 consumer_env: dict[str, str], publisher_env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        prefix: str,
+        group: str,
+        shards: int,
+        consumer_env: dict[str, str],
+        publisher_env: dict[str, str],
+    ) -> None:
         self.workdir = workdir
         self.prefix = prefix
         self.group = group
@@ -92,9 +100,7 @@ class Topology:
         assert self.primary is not None
         port = self.primary.port
         await asyncio.to_thread(self.primary.stop)
-        self.primary = await asyncio.to_thread(
-            RedisServer(port=port, extra_args=_REDIS_ARGS).start
-        )
+        self.primary = await asyncio.to_thread(RedisServer(port=port, extra_args=_REDIS_ARGS).start)
 
     async def replica_in_sync(self, within: float = 5.0) -> bool:
         assert self.primary is not None
@@ -125,8 +131,7 @@ class Topology:
 
     async def admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         proc = self.coordinators[0]
-        async with httpx.AsyncClient(base_url=self.lb.url, auth=proc.admin_auth,
-                                     timeout=5) as http:
+        async with httpx.AsyncClient(base_url=self.lb.url, auth=proc.admin_auth, timeout=5) as http:
             return await http.request(method, path, **kwargs)
 
     async def create_group(self) -> None:
@@ -134,9 +139,13 @@ class Topology:
         for _ in range(100):
             with contextlib.suppress(httpx.HTTPError):
                 response = await self.admin(
-                    "POST", f"/coord/v1/streams/{self.prefix}/groups/{self.group}",
-                    json={"initialShardCount": self.shards, "requestedBy": "chaos",
-                          "reason": "soak"},
+                    "POST",
+                    f"/coord/v1/streams/{self.prefix}/groups/{self.group}",
+                    json={
+                        "initialShardCount": self.shards,
+                        "requestedBy": "chaos",
+                        "reason": "soak",
+                    },
                 )
                 if response.status_code in (200, 201):
                     return
@@ -151,8 +160,7 @@ class Topology:
         self._starts += 1
         record = self.workdir / f"consumer-{n}.rec"
         self.record_files.append(record)
-        env = dict(self.consumer_env, SKC_RECORD=str(record),
-                   STREAMKIT_MEMBER_ID_BASE=f"c{n}")
+        env = dict(self.consumer_env, SKC_RECORD=str(record), STREAMKIT_MEMBER_ID_BASE=f"c{n}")
         proc = AppProcess("tests.chaos.app:app", env, self.workdir / f"consumer-{n}.log")
         self.consumers.append(proc.start())
         return proc
@@ -179,8 +187,12 @@ class Topology:
         env["PYTHONUNBUFFERED"] = "1"
         with open(self.workdir / "publisher.log", "ab") as log:
             self.publisher = subprocess.Popen(
-                [sys.executable, "-m", "tests.chaos.publisher"], env=env, cwd=REPO,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                [sys.executable, "-m", "tests.chaos.publisher"],
+                env=env,
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
 

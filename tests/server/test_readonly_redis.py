@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-
 from chaos.proxy import ChaosProxy
+
 from streamkit.testing import HOST, RedisServer, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
