@@ -87,7 +87,9 @@ async def run(
     shards: int = 8,
     consumers: int = 3,
     rate: float = 40.0,
+    repeat: bool = True,
 ) -> Result:
+    """One run; ``repeat=False`` injects every fault kind exactly once."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"streamkit-chaos-{seed}-"))
     workdir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -110,7 +112,7 @@ async def run(
         publisher_env=client_env,
     )
     chaos = Chaos(top, rng)
-    plan = schedule(rng, WARMUP_S, duration - QUIET_S)
+    plan = schedule(rng, WARMUP_S, duration - QUIET_S, repeat=repeat)
     try:
         await top.start_redis()
         await top.start_coordinator()
@@ -138,8 +140,7 @@ async def run(
         await asyncio.sleep(max(0.0, began + duration - time.monotonic()))
         await top.stop_publisher()
         await _drain(top, chaos)
-        for proc in list(top.consumers):
-            await top.stop_consumer(proc)
+        await asyncio.gather(*(top.stop_consumer(p) for p in list(top.consumers)))
         end_ns = time.monotonic_ns()
         records = checks.parse(workdir / "publisher.rec", top.record_files, top.died_ns, end_ns)
         verdict = checks.judge(records, chaos.losses, chaos.spans)
