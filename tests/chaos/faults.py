@@ -54,6 +54,8 @@ class Chaos:
     spans: list[FaultSpan] = field(default_factory=list)
     losses: list[DataLoss] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: Faults that could not be injected (no replica in sync for a failover).
+    skipped: list[str] = field(default_factory=list)
     consumers_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     coordinators_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     redis_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -168,6 +170,7 @@ class Chaos:
                 top.replica_task = None
             if not await top.replica_in_sync():
                 self.note("failover skipped: no replica in sync")
+                self.skipped.append("redis-failover")
                 return
             assert top.link is not None and top.replica is not None and top.primary is not None
             top.link.hold()

@@ -40,10 +40,12 @@ class Result:
     verdict: checks.Verdict
     workdir: Path
     notes: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
     def row(self) -> str:
         v = self.verdict
-        faults = ", ".join(f"{k} {n}" for k, n in sorted(self.faults.items()))
+        done = self.faults - Counter(self.skipped)
+        faults = ", ".join(f"{k} {n}" for k, n in sorted(done.items()))
         dropped = ", ".join(f"{k} {n}" for k, n in sorted(v.dropped_by_redis.items())) or "0"
         dups = sum(v.duplicates.values())
         return (
@@ -152,6 +154,7 @@ async def run(
             verdict,
             workdir,
             chaos.notes,
+            chaos.skipped,
         )
     finally:
         with contextlib.suppress(Exception):

@@ -34,6 +34,7 @@ def _check(result: Result) -> None:
 async def test_sixty_seconds_of_every_fault(tmp_path: Path) -> None:
     result = await run(seed=CI_SEED, duration=60.0, workdir=tmp_path, repeat=False)
     assert result.faults == dict.fromkeys(KINDS, 1), result.faults
+    assert not result.skipped, result.notes
     _check(result)
 
 
