@@ -13,6 +13,8 @@ nanoseconds, which every process on the machine shares.
 * ``E shard member epoch pid t count`` when the read returned or failed.
 * ``H seq key shard member epoch pid t0 t1 entry_id redelivered`` once per
   handler run that finished (a run killed half-way is not "handled").
+* ``A member epoch pid t shards`` when shards are assigned (for reading the
+  records by hand; the checks do not need it).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pathlib import Path
 from streamkit.testing.coordinator import TEST_ADMIN_PASSWORD, TEST_ADMIN_USERNAME
 
 from . import checks
-from .faults import KINDS, Chaos, schedule
+from .faults import Chaos, schedule
 from .topology import Topology
 
 log = logging.getLogger("chaos")
@@ -173,6 +173,3 @@ async def _drain(top: Topology, chaos: Chaos) -> None:
             return
         await asyncio.sleep(0.5)
 
-
-def kinds_covered(result: Result) -> set[str]:
-    return set(result.faults) & set(KINDS)
