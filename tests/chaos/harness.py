@@ -172,4 +172,3 @@ async def _drain(top: Topology, chaos: Chaos) -> None:
         if not verdict.lost:
             return
         await asyncio.sleep(0.5)
-
