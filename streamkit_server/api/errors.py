@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import redis.asyncio
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MasterDownError, ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -172,6 +174,11 @@ async def _redis(request: Request, exc: Exception) -> JSONResponse:
     runtime = getattr(request.app.state, "runtime", None)
     if runtime is not None:
         runtime.metrics.redis_errors.inc()
+        if isinstance(exc, ReadOnlyError) and isinstance(runtime.client, redis.asyncio.Redis):
+            # After a failover the pooled connections may still lead to the
+            # old primary, now a replica: drop them, so the next command
+            # connects to whatever the Redis URL points at now.
+            await runtime.client.connection_pool.disconnect()
     log.warning("Redis unavailable: %s", exc)
     return error_response(
         503, "REDIS_UNAVAILABLE", f"Redis is unavailable: {exc}", {"Retry-After": "1"}
@@ -198,7 +205,9 @@ def status_for(exc: BaseException) -> int:
         | MutexTimeout
         | StoreError
         | RedisConnectionError
-        | RedisTimeoutError,
+        | RedisTimeoutError
+        | ReadOnlyError
+        | MasterDownError,
     ):
         return 503
     return 500
@@ -215,6 +224,10 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StoreError, _store)
     app.add_exception_handler(RedisConnectionError, _redis)
     app.add_exception_handler(RedisTimeoutError, _redis)
+    # A Redis failover in progress (a demoted primary, a replica without its
+    # primary): retryable, like an unreachable Redis, never a 500.
+    app.add_exception_handler(ReadOnlyError, _redis)
+    app.add_exception_handler(MasterDownError, _redis)
     app.add_exception_handler(Exception, _unexpected)
 
 

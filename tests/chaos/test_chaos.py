@@ -1,0 +1,48 @@
+"""The chaos soak: real processes, seeded faults, verdict from the records.
+
+The 60-second run is part of the default test command; the long runs
+(``-m long``) are what docs/reliability.md reports.  See harness.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from .faults import KINDS
+from .harness import HEADER, Result, run
+
+pytestmark = pytest.mark.slow
+
+CI_SEED = 18
+
+
+def _check(result: Result) -> None:
+    print(f"\n{HEADER}\n{result.row()}\n{result.details()}")
+    verdict = result.verdict
+    assert not verdict.lost, result.details()
+    assert not verdict.overlaps, result.details()
+    assert not verdict.reads_without_lease, result.details()
+    assert not verdict.order_violations, result.details()
+    assert verdict.handled == verdict.published - sum(verdict.dropped_by_redis.values())
+    # Every fault was healed and the group caught up before the run ended.
+    assert verdict.last_reconvergence_s != float("inf"), result.details()
+
+
+async def test_sixty_seconds_of_every_fault(tmp_path: Path) -> None:
+    result = await run(seed=CI_SEED, duration=60.0, workdir=tmp_path, repeat=False)
+    assert result.faults == dict.fromkeys(KINDS, 1), result.faults
+    assert not result.skipped, result.notes
+    _check(result)
+
+
+LONG_SEEDS = [int(s) for s in os.environ.get("CHAOS_SEEDS", "1,2,3").split(",")]
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("seed", LONG_SEEDS)
+async def test_long_soak(seed: int, tmp_path: Path) -> None:
+    minutes = float(os.environ.get("CHAOS_MINUTES", "10"))
+    _check(await run(seed=seed, duration=minutes * 60, workdir=tmp_path))

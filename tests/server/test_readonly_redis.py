@@ -1,0 +1,59 @@
+"""A Redis failover seen by the coordinator: its Redis URL leads to a node
+that was demoted to a replica (found by the chaos soak, tests/chaos).
+
+Before the fix every request answered 500 INTERNAL_ERROR, and the pooled
+connections stayed on the replica after the endpoint moved to the new
+primary, so the coordinator never recovered by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+from chaos.proxy import ChaosProxy
+
+from streamkit.testing import HOST, RedisServer, RedisTarget
+from streamkit.testing.coordinator import CoordinatorProcess
+
+from .sim import create_group
+
+
+@pytest.fixture
+def primary_and_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
+    with RedisServer() as primary:
+        with RedisServer(extra_args=("--replicaof", HOST, str(primary.port))) as replica:
+            yield primary, replica
+
+
+async def test_a_demoted_primary_answers_503_then_the_coordinator_follows_the_endpoint(
+    primary_and_replica: tuple[RedisServer, RedisServer],
+    coordinator_factory: Callable[..., CoordinatorProcess],
+) -> None:
+    primary, replica = primary_and_replica
+    endpoint = ChaosProxy([replica.port])  # the endpoint points at the replica
+    await endpoint.start()
+    try:
+        coordinator = coordinator_factory(
+            RedisTarget(f"redis://{HOST}:{endpoint.port}/0", cluster=False), start=False
+        )
+        # In a thread: the proxy runs on this event loop and must keep serving.
+        await asyncio.to_thread(coordinator.start)
+        async with httpx.AsyncClient(auth=coordinator.admin_auth, timeout=10) as http:
+            url = f"{coordinator.url}/coord/v1/streams/ro/groups/g"
+            body = {"initialShardCount": 2, "requestedBy": "tests", "reason": "readonly"}
+            refused = await http.post(url, json=body)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["errorCode"] == "REDIS_UNAVAILABLE"
+            assert refused.headers["Retry-After"] == "1"
+
+            # The failover completes: the endpoint now leads to the primary,
+            # but open connections are left alone (as a DNS flip does).
+            endpoint.switch([primary.port], cut=False)
+            created = await http.post(url, json=body)
+            assert created.status_code == 201, created.text
+            await create_group(http, coordinator, "ro2", "g", 2)
+    finally:
+        await endpoint.close()
