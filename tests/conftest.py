@@ -7,8 +7,10 @@ pays for starting it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from core.coverage import REPORT
 
 from streamkit.testing import RedisCluster, RedisServer, RedisTarget
 
@@ -29,6 +31,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.redis)
         if uses_cluster:
             item.add_marker(pytest.mark.cluster)
+
+
+# -- the simulation's coverage lines, also when tests run in xdist workers -------
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: hand the lines to the controller
+        workeroutput["simulation_report"] = list(REPORT)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    REPORT.extend(getattr(node, "workeroutput", {}).get("simulation_report", []))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in REPORT:
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ from .support import (
     dead_letters,
     eventually,
     in_process_settings,
+    logical,
     serving,
     text,
 )
@@ -300,6 +301,7 @@ async def test_a_stop_during_backoff_leaves_the_entry_to_the_next_owner(
         async with serving(second):
             await eventually(lambda: _len(redis, dlq, 1), 10, "the poison entry dead-lettered")
             await eventually(lambda: _nothing_pending(redis, prefix, group, 1), 5, "all acked")
+    seen = [(i, a, logical(m)) for i, a, m in seen]  # without the per-start part
     assert [(a, m) for i, a, m in seen if i == poison] == [
         (1, "first-m0"),
         (2, "second-m0"),  # the claim is the second delivery
