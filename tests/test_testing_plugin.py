@@ -4,11 +4,17 @@ an app runs in the test's event loop on the session's real redis-server and coor
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from streamkit import Message
 from streamkit.failure import FailurePolicy
 from streamkit.testing.harness import StreamKitHarness
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "testing.md"
 
 
 @pytest.mark.streamkit(shards=3, group="billing")
@@ -49,3 +55,10 @@ async def test_each_test_gets_its_own_group(streamkit_harness: StreamKitHarness)
 
 def test_plugin_is_registered(pytestconfig: pytest.Config) -> None:
     assert pytestconfig.pluginmanager.has_plugin("streamkit")
+
+
+async def test_the_docs_example_passes(streamkit_harness: StreamKitHarness) -> None:
+    (source,) = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    namespace: dict[str, Any] = {}
+    exec(compile(source, str(DOC), "exec"), namespace)
+    await namespace["test_negative_amounts_are_dead_lettered"](streamkit_harness)
