@@ -4,7 +4,9 @@ against a real Redis."""
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,3 +111,33 @@ async def test_idempotency_guard_example_runs(redis_server: RedisServer) -> None
         assert not skipped.failed and repeat.settled == [(b"7-0", Settlement.ACK)]
     finally:
         await redis.aclose()
+
+
+DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "streamkit-client.json"
+_SUFFIXES = ("_bucket", "_count", "_sum")
+
+
+def _queries(node: Any) -> Iterator[str]:
+    """Every PromQL string of a dashboard: panel targets and variable queries."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("expr", "query") and isinstance(value, str):
+                yield value
+            else:
+                yield from _queries(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _queries(item)
+
+
+def test_grafana_dashboard_names_only_existing_metrics() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    known = registered()
+    histograms = {n for n, (kind, _) in known.items() if kind == "histogram"}
+    used: set[str] = set()
+    for query in _queries(dashboard):
+        for name in re.findall(r"\bstreamkit_[a-z_]+", query):
+            base = next((name[: -len(s)] for s in _SUFFIXES if name.endswith(s)), name)
+            assert name in known or base in histograms, f"{name} in {query!r}"
+            used.add(base if base in histograms else name)
+    assert len(used) >= 8 and dashboard["panels"], used  # it shows the client, not one metric
