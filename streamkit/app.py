@@ -112,6 +112,11 @@ class StreamKit:
         return tuple(self._listeners)
 
     @property
+    def publishers(self) -> tuple[Publisher, ...]:
+        """The publishers made by ``publisher(...)``."""
+        return tuple(self._publishers)
+
+    @property
     def members(self) -> tuple[MemberRuntime, ...]:
         """The running members (empty outside ``serve()``)."""
         return tuple(self._members)

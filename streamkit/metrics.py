@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Final
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError(
@@ -183,25 +183,19 @@ class PrometheusMiddleware(Middleware):
         return results
 
 
+_MEMBER_LABELS: Final = ["stream_prefix", "group", "member"]
+_GROUP_LABELS: Final = ["stream_prefix", "group"]
+
+
 class AppCollector(Collector):
-    """Per-member gauges of a running :class:`~streamkit.app.StreamKit`, read at scrape time."""
+    """Gauges and counters of a :class:`~streamkit.app.StreamKit` read at scrape time:
+    its members' state and its publishers' own counters."""
 
     def __init__(self, app: StreamKit) -> None:
         self._app = app
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        labels = ["stream_prefix", "group", "member"]
-        owned = GaugeMetricFamily(
-            "streamkit_member_owned_shards", "Shards the member may read now.", labels=labels
-        )
-        joined = GaugeMetricFamily(
-            "streamkit_member_joined", "1 when the member has joined its group.", labels=labels
-        )
-        lease = GaugeMetricFamily(
-            "streamkit_member_lease_remaining_seconds",
-            "Time reads stay allowed without another heartbeat answer.",
-            labels=labels,
-        )
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        owned, joined, lease, refreshes, retries = self._families()
         now = monotonic_ms()
         for member in self._app.members:
             machine = member.machine
@@ -209,13 +203,48 @@ class AppCollector(Collector):
             owned.add_metric(values, len(machine.readable(now)))
             joined.add_metric(values, 1.0 if machine.joined else 0.0)
             lease.add_metric(values, machine.lease_remaining_ms(now) / 1000)
-        yield owned
-        yield joined
-        yield lease
+        for publisher in self._app.publishers:
+            values = [publisher.stream_prefix, publisher.consumer_group]
+            refreshes.add_metric(values, publisher.refresher.refreshes)
+            retries.add_metric(values, publisher.retries)
+        yield from (owned, joined, lease, refreshes, retries)
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        # Names only (no scrape-time work at registration).
-        labels = ["stream_prefix", "group", "member"]
-        yield GaugeMetricFamily("streamkit_member_owned_shards", "", labels=labels)
-        yield GaugeMetricFamily("streamkit_member_joined", "", labels=labels)
-        yield GaugeMetricFamily("streamkit_member_lease_remaining_seconds", "", labels=labels)
+    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        # Names only: registering does no scrape-time work.
+        yield from self._families()
+
+    @staticmethod
+    def _families() -> tuple[
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        CounterMetricFamily,
+        CounterMetricFamily,
+    ]:
+        return (
+            GaugeMetricFamily(
+                "streamkit_member_owned_shards",
+                "Shards the member may read now.",
+                labels=_MEMBER_LABELS,
+            ),
+            GaugeMetricFamily(
+                "streamkit_member_joined",
+                "1 when the member has joined its group.",
+                labels=_MEMBER_LABELS,
+            ),
+            GaugeMetricFamily(
+                "streamkit_member_lease_remaining_seconds",
+                "Time reads stay allowed without another heartbeat answer.",
+                labels=_MEMBER_LABELS,
+            ),
+            CounterMetricFamily(
+                "streamkit_publish_routing_refreshes",
+                "Routing refreshes the publisher started.",
+                labels=_GROUP_LABELS,
+            ),
+            CounterMetricFamily(
+                "streamkit_publish_retries",
+                "Messages the publisher sent again (connection errors, stale routes).",
+                labels=_GROUP_LABELS,
+            ),
+        )

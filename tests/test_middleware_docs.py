@@ -50,7 +50,8 @@ def registered() -> dict[str, tuple[str, set[str]]]:
         name = family.name + ("_total" if family.type == "counter" else "")
         out[name] = (family.type, set(metric._labelnames))
     for family in AppCollector(StreamKit()).describe():
-        out[family.name] = (family.type, {"stream_prefix", "group", "member"})
+        name = family.name + ("_total" if family.type == "counter" else "")
+        out[name] = (family.type, set(family._labelnames))
     # Every name the registry would expose is covered by the loop above.
     exposed = {f.name for f in registry.collect()}
     assert {n.removesuffix("_total") for n in out} == exposed

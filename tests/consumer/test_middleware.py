@@ -207,6 +207,8 @@ async def test_prometheus_middleware_counts_outcomes_and_publishes(
     assert value("streamkit_publish_duration_seconds_count") == 2
     assert value("streamkit_consumer_handler_duration_seconds_count") == 6
     assert value("streamkit_consumer_in_flight") == 0
+    assert value("streamkit_publish_routing_refreshes_total") >= 1  # the start-up fetch
+    assert value("streamkit_publish_retries_total") == 0
 
 
 def test_publish_error_reasons_are_bounded() -> None:
