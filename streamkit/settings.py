@@ -65,8 +65,8 @@ class StreamKitSettings(BaseSettings):
     #: Field in which publishers write the W3C ``traceparent`` of their span
     #: (only while a tracer provider records spans); "" turns it off.
     trace_context_field: str = "traceparent"
-    #: ``HOST:PORT`` of the probe/metrics HTTP server of ``streamkit run``; "" (default): none.
-    http: str = ""
+    #: ``HOST:PORT`` of the probe/metrics HTTP server of ``streamkit run``; None: off.
+    http: str | None = None
 
     def member_id_prefix(self, incarnation: str) -> str:
         """What member ids of one start of this process begin with."""
