@@ -17,6 +17,8 @@ from streamkit import Message, StreamKit
 from streamkit.failure import FailurePolicy
 from streamkit.metrics import AppCollector, PrometheusMiddleware
 from streamkit.middleware import (
+    BatchContext,
+    BatchNext,
     ConsumeContext,
     ConsumeNext,
     ConsumeResult,
@@ -219,3 +221,40 @@ def test_publish_error_reasons_are_bounded() -> None:
     assert error_reason(ConnectionError()) == "connection"
     assert error_reason(RoutingUnavailable("gone", "lease_expired")) == "routing_unavailable"
     assert error_reason(KeyError("k")) == "other"
+
+
+class BatchRecorder(Middleware):
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, list[str]]] = []
+
+    async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:
+        results = await call_next()
+        self.batches.append((ctx.shard, [r.outcome.value for r in results]))
+        return results
+
+
+@standalone
+async def test_batch_middleware_sees_one_outcome_per_entry(
+    coordinator: CoordinatorProcess, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
+) -> None:
+    prefix, group = names
+    await admin.create_group(prefix, group, 1)
+    recorder = BatchRecorder()
+    app = StreamKit(**in_process_settings(coordinator, any_redis, "batch"), middlewares=[recorder])
+    pub = app.publisher(stream_prefix=prefix, group=group)
+    policy = FailurePolicy(max_attempts=1)
+
+    @app.stream_listener(stream_prefix=prefix, group=group, failure_policy=policy, batch_size=10)
+    async def handle(msgs: list[Message]) -> None:
+        for msg in msgs:
+            # A nack is a failure; with one attempt allowed it is dead-lettered.
+            await (msg.nack() if int(msg.fields["n"]) % 2 else msg.ack())
+
+    with anyio.fail_after(20):
+        await pub.publish_many([("k", {"n": str(i)}) for i in range(4)])
+        async with serving(app):
+            await eventually(
+                lambda: sum(len(o) for _, o in recorder.batches) == 4, 10, "four outcomes"
+            )
+    outcomes = [o for _, batch in recorder.batches for o in batch]
+    assert outcomes == ["acked", "dead_lettered", "acked", "dead_lettered"]
