@@ -280,6 +280,7 @@ async def observability_runs(
                 middlewares=stack,
             )  # fmt: skip
             figures.setdefault(name, []).append(rate)
+            print(f"  round {attempt + 1}: {name:<34}{rate:>12,.0f}", flush=True)
     off = statistics.median(figures["middlewares off"])
     for name, values in figures.items():
         rate = statistics.median(values)
