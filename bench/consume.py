@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import statistics
 import time
 import zlib
@@ -70,7 +71,13 @@ async def owners(coordinator: CoordinatorProcess, prefix: str, group: str) -> di
         )
         response.raise_for_status()
         current: dict[str, Any] = response.json()["currentAssignments"]
-        return {member: shards for member, shards in current.items() if shards}
+        # Member ids carry a per-start incarnation ({base}-{incarnation}-m{i});
+        # the caller knows only the logical id {base}-m{i}.
+        return {
+            re.sub(r"-[0-9a-f]{8}(-m\d+)$", r"\1", member): shards
+            for member, shards in current.items()
+            if shards
+        }
 
 
 async def prepublish(redis: Any, prefix: str, shards: int, messages: int) -> None:
@@ -273,8 +280,8 @@ async def observability_runs(
     print(f"{'run':<40}{'msg/s':>12}{'vs off':>10}")
     figures: dict[str, list[float]] = {}
     for attempt in range(args.repeat):
-        for name, stack in observability_stacks().items():
-            tag = f"obs{len(figures.get(name, []))}{name[:3]}{attempt}".replace(" ", "")
+        for index, (name, stack) in enumerate(observability_stacks().items()):
+            tag = f"obs{index}x{attempt}"
             rate = await streamkit_run(
                 coordinator, target, redis, prefix, args.shards, args.batch, 1, tag,
                 middlewares=stack,

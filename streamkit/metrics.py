@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 try:
@@ -33,6 +34,7 @@ from streamkit.middleware import (
     ConsumeNext,
     ConsumeResult,
     Middleware,
+    Outcome,
     PublishContext,
     PublishManyContext,
     PublishManyNext,
@@ -66,6 +68,14 @@ def error_reason(error: BaseException) -> str:
     return "redis" if module.startswith("redis") else "other"
 
 
+@dataclass(frozen=True, slots=True)
+class _Children:
+    received: Counter
+    handled: dict[Outcome, Counter]
+    duration: Histogram
+    in_flight: Gauge
+
+
 class PrometheusMiddleware(Middleware):
     """Counters and histograms of handled entries and publishes.
 
@@ -73,6 +83,7 @@ class PrometheusMiddleware(Middleware):
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self._cache: dict[tuple[str, str], _Children] = {}
         from prometheus_client import REGISTRY
 
         kw = registry if registry is not None else REGISTRY
@@ -121,17 +132,30 @@ class PrometheusMiddleware(Middleware):
             registry=kw,
         )
 
+    def _children(self, stream_prefix: str, group: str) -> _Children:
+        # labels() takes a lock and builds a key on every call: look each
+        # label set up once (their number is bounded by the app's listeners).
+        key = (stream_prefix, group)
+        children = self._cache.get(key)
+        if children is None:
+            children = self._cache[key] = _Children(
+                self.received.labels(*key),
+                {o: self.handled.labels(*key, o.value) for o in Outcome},
+                self.duration.labels(*key),
+                self.in_flight.labels(*key),
+            )
+        return children
+
     async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
-        labels = (ctx.stream_prefix, ctx.consumer_group)
-        self.received.labels(*labels).inc()
-        gauge = self.in_flight.labels(*labels)
-        gauge.inc()
+        children = self._children(ctx.stream_prefix, ctx.consumer_group)
+        children.received.inc()
+        children.in_flight.inc()
         try:
             result = await call_next()
         finally:
-            gauge.dec()
-        self.duration.labels(*labels).observe(result.duration_s)
-        self.handled.labels(*labels, result.outcome.value).inc()
+            children.in_flight.dec()
+        children.duration.observe(result.duration_s)
+        children.handled[result.outcome].inc()
         return result
 
     async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:

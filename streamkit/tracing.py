@@ -50,13 +50,9 @@ class TracingMiddleware(Middleware):
     def __init__(
         self, *, tracer: trace.Tracer | None = None, field: str | None = "traceparent"
     ) -> None:
-        self._tracer = tracer
+        # The default is a proxy: a provider installed later is still used.
+        self.tracer = tracer or trace.get_tracer("streamkit")
         self._field = field.encode() if field else None
-
-    @property
-    def tracer(self) -> trace.Tracer:
-        # Looked up late: a provider installed after the app was built still counts.
-        return self._tracer or trace.get_tracer("streamkit")
 
     async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
         message = ctx.message
