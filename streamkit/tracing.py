@@ -20,6 +20,7 @@ from streamkit.middleware import ConsumeContext, ConsumeNext, ConsumeResult, Mid
 
 __all__ = ["TracingMiddleware", "parent_context"]
 
+_NO_PROVIDER: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _TRACEPARENT: Final = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
 
@@ -52,9 +53,14 @@ class TracingMiddleware(Middleware):
     ) -> None:
         # The default is a proxy: a provider installed later is still used.
         self.tracer = tracer or trace.get_tracer("streamkit")
+        self._explicit = tracer is not None
         self._field = field.encode() if field else None
 
     async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
+        if not self._explicit and isinstance(trace.get_tracer_provider(), _NO_PROVIDER):
+            # No SDK installed: a no-op span would still cost a context switch
+            # per entry; skip it (the check is one global read).
+            return await call_next()
         message = ctx.message
         parent = None
         if self._field is not None:
