@@ -3,6 +3,7 @@
 Run: python bench/consume.py            (about a minute; starts its own Redis
                                           and coordinator via streamkit.testing)
      python bench/consume.py --messages 20000 --concurrency 1
+     python bench/consume.py --observability --repeat 3   (middlewares on vs off)
 
 Both sides read the same pre-published backlog (``--messages`` entries of
 ~100 bytes over ``--shards`` shard streams), each through its own consumer
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import statistics
 import time
 import zlib
@@ -44,6 +46,7 @@ import httpx
 
 from streamkit import Message, StreamKit
 from streamkit.failure import FailurePolicy, dead_letter_key
+from streamkit.middleware import Middleware
 from streamkit.testing import RedisServer, RedisTarget, redis_client
 from streamkit.testing.coordinator import CoordinatorProcess
 
@@ -68,7 +71,13 @@ async def owners(coordinator: CoordinatorProcess, prefix: str, group: str) -> di
         )
         response.raise_for_status()
         current: dict[str, Any] = response.json()["currentAssignments"]
-        return {member: shards for member, shards in current.items() if shards}
+        # Member ids carry a per-start incarnation ({base}-{incarnation}-m{i});
+        # the caller knows only the logical id {base}-m{i}.
+        return {
+            re.sub(r"-[0-9a-f]{8}(-m\d+)$", r"\1", member): shards
+            for member, shards in current.items()
+            if shards
+        }
 
 
 async def prepublish(redis: Any, prefix: str, shards: int, messages: int) -> None:
@@ -115,6 +124,7 @@ async def streamkit_run(
     *,
     ordered: bool = True,
     failing_percent: float = 0.0,
+    middlewares: Sequence[Middleware] = (),
 ) -> float:
     """Messages per second; with failures, of the healthy entries only."""
     group = f"sk{tag}"
@@ -129,6 +139,7 @@ async def streamkit_run(
         redis_url=target.url,
         redis_cluster=target.cluster,
         member_id_base=f"bench-{tag}",
+        middlewares=middlewares,
     )
     handled = 0
     first = 0.0
@@ -239,6 +250,50 @@ async def failure_runs(
             print(f"median healthy-throughput ratio, {mode}: {statistics.median(ratios):.0%}")
 
 
+def observability_stacks() -> dict[str, list[Middleware]]:
+    """Off, and the built-in metrics + tracing middlewares without and with an OTel SDK."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from prometheus_client import CollectorRegistry
+
+    from streamkit.metrics import PrometheusMiddleware
+    from streamkit.tracing import TracingMiddleware
+
+    sdk = TracerProvider()  # records every span; no exporter (the exporter is the app's cost)
+    return {
+        "middlewares off": [],
+        "metrics + tracing (API only)": [
+            PrometheusMiddleware(CollectorRegistry()),
+            TracingMiddleware(),
+        ],
+        "metrics + tracing (SDK, all spans)": [
+            PrometheusMiddleware(CollectorRegistry()),
+            TracingMiddleware(tracer=sdk.get_tracer("streamkit")),
+        ],
+    }
+
+
+async def observability_runs(
+    args: argparse.Namespace, coordinator: CoordinatorProcess, target: RedisTarget, redis: Any,
+    prefix: str,
+) -> None:  # fmt: skip
+    print(f"\nbuilt-in middlewares, concurrency=1, {args.repeat} run(s) each, median")
+    print(f"{'run':<40}{'msg/s':>12}{'vs off':>10}")
+    figures: dict[str, list[float]] = {}
+    for attempt in range(args.repeat):
+        for index, (name, stack) in enumerate(observability_stacks().items()):
+            tag = f"obs{index}x{attempt}"
+            rate = await streamkit_run(
+                coordinator, target, redis, prefix, args.shards, args.batch, 1, tag,
+                middlewares=stack,
+            )  # fmt: skip
+            figures.setdefault(name, []).append(rate)
+            print(f"  round {attempt + 1}: {name:<34}{rate:>12,.0f}", flush=True)
+    off = statistics.median(figures["middlewares off"])
+    for name, values in figures.items():
+        rate = statistics.median(values)
+        print(f"{name:<40}{rate:>12,.0f}{rate / off:>10.0%}")
+
+
 async def bench(args: argparse.Namespace, url: str, coordinator: CoordinatorProcess) -> None:
     target = RedisTarget(url=url, cluster=False)
     redis = redis_client(target)
@@ -250,6 +305,10 @@ async def bench(args: argparse.Namespace, url: str, coordinator: CoordinatorProc
         f"pre-published {args.messages} entries over {args.shards} shards "
         f"in {time.perf_counter() - started:.1f}s"
     )
+    if args.observability:
+        await observability_runs(args, coordinator, target, redis, prefix)
+        await redis.aclose()
+        return
     print(f"{'run':<28}{'msg/s':>12}{'vs raw':>10}")
     ratios: dict[int, list[float]] = {c: [] for c in args.concurrency}
     for attempt in range(args.repeat):
@@ -284,6 +343,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         type=float,
         default=1.0,
         help="share of entries whose handler fails, for the failure runs (0: skip them)",
+    )
+    parser.add_argument(
+        "--observability",
+        action="store_true",
+        help="only compare the built-in metrics + tracing middlewares on vs off",
     )
     args = parser.parse_args(argv)
     # One warning (with traceback) per failed attempt would flood the output.

@@ -17,6 +17,9 @@ publishes N keyed ~100-byte messages in each mode:
   - raw 1 pipeline: the whole batch in one non-transactional pipeline (what
                     the publisher does; the like-for-like baseline)
   - publisher:      ``await publisher.publish_many(batch)``
+* both publisher modes again with the built-in metrics middleware and tracing
+  on (an OTel SDK provider recording every span, the ``traceparent`` field
+  written): the cost of observability, as a ratio to the plain publisher
 
 Each round sends the N messages through every mode, interleaved in slices of
 2,000 messages (rotating which mode goes first), so that noise on the shared
@@ -36,13 +39,17 @@ from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 
 import httpx
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CollectorRegistry
 
+from streamkit.metrics import PrometheusMiddleware
 from streamkit.producer import Publisher
 from streamkit.routing import shard_for_key, stream_key
 from streamkit.settings import StreamKitSettings
 from streamkit.testing import AsyncRedisClient, RedisCluster, RedisServer, RedisTarget
 from streamkit.testing import redis_client as make_client
 from streamkit.testing.coordinator import CoordinatorProcess
+from streamkit.tracing import TracingMiddleware
 
 PREFIX = "bench-orders"
 GROUP = "billing"
@@ -161,14 +168,28 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
     raw = make_client(target)
     pub = Publisher(PREFIX, GROUP, settings=settings)  # its own Redis client, like an app's
     await pub.start()
+    # The same with the built-in metrics middleware and tracing on: an OTel SDK
+    # provider recording every producer span (no exporter: that is the app's
+    # cost) and the traceparent field written into every entry.
+    sdk = TracerProvider()
+    observed = Publisher(
+        PREFIX,
+        GROUP,
+        settings=settings,
+        middlewares=[PrometheusMiddleware(CollectorRegistry()), TracingMiddleware()],
+    )
+    observed.tracer = sdk.get_tracer("streamkit")
+    await observed.start()
     msgs = messages(n)
     modes: dict[str, Mode] = {
         "single  raw xadd": raw_single(raw),
         "single  raw execute_command": raw_single_command(raw),
         "single  publisher.publish": publisher_single(pub),
+        "single  publish, metrics+tracing": publisher_single(observed),
         "batched raw, pipeline per shard": raw_per_shard(raw),
         "batched raw, one pipeline": raw_one_pipeline(raw),
         "batched publisher.publish_many": publisher_batched(pub),
+        "batched publish_many, metrics+tracing": publisher_batched(observed),
     }
     rates: dict[str, list[float]] = {name: [] for name in modes}
     names = list(modes)
@@ -189,6 +210,7 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
             print(f"round {r + 1}/{rounds} done", flush=True)
     finally:
         await pub.aclose()
+        await observed.aclose()
         await raw.aclose()
 
     best = {name: max(values) for name, values in rates.items()}
@@ -205,6 +227,12 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
     print(f"  single:  publisher / raw execute_command     = {single_cmd:.0%}")
     print(f"  batched: publisher / raw pipeline per shard = {per_shard:.0%}")
     print(f"  batched: publisher / raw one pipeline       = {one:.0%}")
+    obs_single = best["single  publish, metrics+tracing"] / best["single  publisher.publish"]
+    obs_batch = (
+        best["batched publish_many, metrics+tracing"] / best["batched publisher.publish_many"]
+    )
+    print(f"  single:  metrics+tracing on / off            = {obs_single:.0%}")
+    print(f"  batched: metrics+tracing on / off            = {obs_batch:.0%}")
     print(
         f"  publisher counters: published={pub.published} retries={pub.retries} "
         f"refreshes={pub.refresher.refreshes}"

@@ -31,11 +31,13 @@ if TYPE_CHECKING:
     from streamkit.lifecycle import ShardContext, ShardLifecycle
     from streamkit.listener import ListenerConfigError
     from streamkit.message import Message
+    from streamkit.middleware import ConsumeResult, Middleware, Outcome
     from streamkit.producer import Publisher, PublishError, PublishResult
     from streamkit.routing_cache import RoutingUnavailable
     from streamkit.settings import StreamKitSettings
 
 __all__ = [
+    "ConsumeResult",
     "CoordinatorError",
     "CoordinatorUnavailable",
     "FailurePolicy",
@@ -43,6 +45,8 @@ __all__ = [
     "ListenerConfigError",
     "MemberRejectedError",
     "Message",
+    "Middleware",
+    "Outcome",
     "PayloadError",
     "PublishError",
     "PublishResult",
@@ -68,6 +72,9 @@ _EXPORTS: dict[str, str] = {
     "ShardLifecycle": "streamkit.lifecycle",
     "ListenerConfigError": "streamkit.listener",
     "Message": "streamkit.message",
+    "ConsumeResult": "streamkit.middleware",
+    "Middleware": "streamkit.middleware",
+    "Outcome": "streamkit.middleware",
     "PublishError": "streamkit.producer",
     "PublishResult": "streamkit.producer",
     "Publisher": "streamkit.producer",

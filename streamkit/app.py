@@ -33,6 +33,7 @@ from streamkit.listener import (
     MessageHandler,
 )
 from streamkit.member import MemberStateMachine, new_incarnation
+from streamkit.middleware import Middleware
 from streamkit.poller import ReadObserver, ShardPoller, supports_xackdel
 from streamkit.producer import (
     CoordinatorUnreachableError,
@@ -75,6 +76,7 @@ class StreamKit:
         wire: Iterable[ModuleType | str] = (),
         shutdown_timeout: float = 30.0,
         read_observer: ReadObserver | None = None,
+        middlewares: Iterable[Middleware] = (),
         **overrides: Any,
     ) -> None:
         if overrides:
@@ -84,6 +86,9 @@ class StreamKit:
         self.container: containers.Container = container or containers.DynamicContainer()
         self.shutdown_timeout = shutdown_timeout
         self.read_observer = read_observer
+        #: Wrap every handled entry and every publish of this app's publishers
+        #: (first = outermost); see ``streamkit.middleware``.
+        self.middlewares: list[Middleware] = list(middlewares)
         self._lifespan = lifespan
         self._coordinator = coordinator
         self._owns_coordinator = coordinator is None
@@ -107,9 +112,19 @@ class StreamKit:
         return tuple(self._listeners)
 
     @property
+    def publishers(self) -> tuple[Publisher, ...]:
+        """The publishers made by ``publisher(...)``."""
+        return tuple(self._publishers)
+
+    @property
     def members(self) -> tuple[MemberRuntime, ...]:
         """The running members (empty outside ``serve()``)."""
         return tuple(self._members)
+
+    @property
+    def stopping(self) -> bool:
+        """``shutdown()`` was asked for (readiness probes answer 503 from then on)."""
+        return self._stop_requested
 
     def stream_listener(
         self,
@@ -244,6 +259,8 @@ class StreamKit:
             coordinator=self.coordinator,
             redis=self.redis,
             maxlen=maxlen,
+            middlewares=self.middlewares,
+            trace_context_field=self.settings.trace_context_field or None,
         )
         self._publishers.append(publisher)
         if provide_as:
@@ -253,6 +270,10 @@ class StreamKit:
             else:
                 setattr(self.container, provide_as, providers.Object(publisher))
         return publisher
+
+    def add_middleware(self, middleware: Middleware) -> None:
+        """Append ``middleware`` (innermost so far) to every listener and publisher."""
+        self.middlewares.append(middleware)
 
     def on_startup(self, hook: F) -> F:
         """Run ``hook()`` (sync or async) before listeners start."""
@@ -455,6 +476,7 @@ class StreamKit:
             options=dataclasses.replace(listener.options, policy=policy),
             xackdel=xackdel,
             observer=self.read_observer,
+            middlewares=self.middlewares,
         )
 
     async def _check_redis(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import logging
 import os
@@ -10,7 +11,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
 import anyio.abc
@@ -24,6 +25,7 @@ from streamkit.consumer import GroupNotFoundError
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
 from streamkit.errors import StreamkitError
 from streamkit.group_hints import existing_groups_hint
+from streamkit.probes import instrument, parse_address, serve_probes
 from streamkit.settings import StreamKitSettings
 from streamkit.status import GroupStatus, fetch_status, plain_lines, render
 from streamkit.version import package_version
@@ -138,29 +140,48 @@ def run(
     log_level: Annotated[
         str, typer.Option(help="critical, error, warning, info or debug.")
     ] = "info",
+    http: Annotated[
+        str | None,
+        typer.Option(
+            help="HOST:PORT for /healthz, /readyz and /metrics (default: STREAMKIT_HTTP; "
+            "off when empty)."
+        ),
+    ] = None,
 ) -> None:
     """Serve every listener of the app until SIGINT/SIGTERM, then drain and leave."""
     if log_level.lower() not in _LOG_LEVELS:
         _fail(f"--log-level must be one of {', '.join(_LOG_LEVELS)}", EXIT_BAD_TARGET)
     _configure_logging(log_level)
     if workers > 1:
+        if http or (http is None and os.environ.get("STREAMKIT_HTTP")):
+            _fail("--http serves one process: use it with --workers 1", EXIT_BAD_TARGET)
         raise typer.Exit(anyio.run(_supervise, target, workers, log_level))
     try:
         app = load_app(target)
     except TargetError as exc:
         _fail(str(exc), EXIT_BAD_TARGET)
+    address = app.settings.http if http is None else http
+    probe: tuple[str, int] | None = None
+    if address:
+        try:
+            probe = parse_address(address)
+        except ValueError as exc:
+            _fail(f"--http: {exc}", EXIT_BAD_TARGET)
     try:
-        anyio.run(_serve, app)
+        anyio.run(_serve, app, probe)
     except StreamkitError as exc:
         _fail(str(exc), 1)
     except KeyboardInterrupt:  # a signal before the handlers were installed
         raise typer.Exit(130) from None
 
 
-async def _serve(app: StreamKit) -> None:
+async def _serve(app: StreamKit, probe: tuple[str, int] | None = None) -> None:
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_forward_signals, app)
+            if probe is not None:
+                registry = _metrics_registry(app)
+                await tg.start(functools.partial(serve_probes, app, *probe, registry=registry))
             await app.serve()
             tg.cancel_scope.cancel()
     except BaseExceptionGroup as group:
@@ -170,6 +191,15 @@ async def _serve(app: StreamKit) -> None:
         if matched is not None:
             raise matched.exceptions[0] from None
         raise
+
+
+def _metrics_registry(app: StreamKit) -> Any:
+    """The registry /metrics serves; None without prometheus-client (probes still work)."""
+    try:
+        return instrument(app)
+    except ImportError:
+        log.warning("prometheus-client is not installed: /metrics is off (streamkit[metrics])")
+        return None
 
 
 async def _forward_signals(app: StreamKit) -> None:

@@ -41,8 +41,9 @@ import contextlib
 import heapq
 import logging
 import random
+import time
 from collections import deque
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -57,6 +58,7 @@ from streamkit.handlers import BatchHandler, Handler
 from streamkit.lifecycle import monotonic_ms
 from streamkit.member import MemberStateMachine
 from streamkit.message import Message, Settlement
+from streamkit.middleware import BatchContext, ConsumeContext, ConsumeResult, Middleware, chain
 from streamkit.protocol import RuntimeConsumerCapacity, ShardConsumptionProgress, ShardId
 from streamkit.redis_health import RedisReachability, describe_error, is_unreachable_error
 from streamkit.routing import stream_key
@@ -1008,6 +1010,7 @@ class ShardPoller:
         options: PollerOptions,
         xackdel: bool = False,
         observer: ReadObserver | None = None,
+        middlewares: Sequence[Middleware] = (),
     ) -> None:
         if (handler is None) == (batch_handler is None) or (batch_handler is None) == (
             options.batch
@@ -1021,6 +1024,7 @@ class ShardPoller:
         self.options = options
         self.xackdel = xackdel
         self.observer = observer
+        self.middlewares = tuple(middlewares)
         self.gate = FairGate(options.max_in_flight)
         #: Outcomes of reads and acks: the member gives its shards back when
         #: Redis stays unreachable (see ``streamkit.redis_health``).
@@ -1110,33 +1114,65 @@ class ShardPoller:
     # -- handler -----------------------------------------------------------------------
 
     async def invoke(self, message: Message) -> Decision | None:
-        """Run the handler on one message; None when done, else what the policy says."""
-        assert self._handler is not None
-        try:
-            await self._handler(message)
-        except Exception as exc:
-            return self._failed(message, exc)
-        settled = message.settled
-        if settled is None:
-            if self.options.auto_ack:
-                message.ack()
-            return None
-        return self._failed(message, None) if settled is Settlement.NACK else None
+        """Run the handler on one message; None when done, else what the policy says.
+
+        The middlewares (``streamkit.middleware``) wrap the handler and the
+        policy's decision together, so they see the outcome.
+        """
+        if not self.middlewares:
+            return (await self._run_one(message)).decision
+        ctx = ConsumeContext(message, self.stream_prefix, self.consumer_group, self.member_id)
+        result = await chain(self.middlewares, "consume", ctx, lambda: self._run_one(message))
+        return result.decision
 
     async def invoke_batch(self, messages: list[Message]) -> list[Decision | None]:
         """Run the batch handler; per message, None when done, else the policy's decision.
 
         If it raises, every message it did not settle failed with that error.
         """
+        if not self.middlewares:
+            results = await self._run_batch(messages)
+        else:
+            ctx = BatchContext(messages, self.stream_prefix, self.consumer_group, self.member_id)
+            results = await chain(
+                self.middlewares, "consume_batch", ctx, lambda: self._run_batch(messages)
+            )
+        return [r.decision for r in results]
+
+    async def _run_one(self, message: Message) -> ConsumeResult:
+        assert self._handler is not None
+        started = time.perf_counter()
+        try:
+            await self._handler(message)
+        except Exception as exc:
+            return ConsumeResult(self._failed(message, exc), exc, time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        settled = message.settled
+        if settled is None:
+            if self.options.auto_ack:
+                message.ack()
+            return ConsumeResult(None, None, elapsed)
+        decision = self._failed(message, None) if settled is Settlement.NACK else None
+        return ConsumeResult(decision, None, elapsed)
+
+    async def _run_batch(self, messages: list[Message]) -> list[ConsumeResult]:
         assert self._batch_handler is not None
+        started = time.perf_counter()
         try:
             errors = await self._batch_handler(messages)
         except Exception as exc:
+            elapsed = time.perf_counter() - started
             return [
-                self._failed(m, exc) if m.settled is None else self._returned(m) for m in messages
+                ConsumeResult(self._failed(m, exc), exc, elapsed)
+                if m.settled is None
+                else ConsumeResult(self._returned(m), None, elapsed)
+                for m in messages
             ]
+        elapsed = time.perf_counter() - started
         return [
-            self._failed(m, errors[i]) if i in errors else self._returned(m)
+            ConsumeResult(self._failed(m, errors[i]), errors[i], elapsed)
+            if i in errors
+            else ConsumeResult(self._returned(m), None, elapsed)
             for i, m in enumerate(messages)
         ]
 

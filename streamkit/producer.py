@@ -52,6 +52,7 @@ from streamkit.connections import AsyncRedis, connect_redis
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
 from streamkit.errors import StreamkitError
 from streamkit.group_hints import existing_groups_hint
+from streamkit.middleware import Middleware, PublishContext, PublishManyContext, chain
 from streamkit.routing import shard_for_key
 from streamkit.routing_cache import RoutingCache, RoutingTable, RoutingUnavailable
 from streamkit.routing_refresher import RefreshFlight, RoutingRefresher
@@ -276,6 +277,8 @@ class Publisher:
         redis: AsyncRedis | None = None,
         maxlen: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        middlewares: Sequence[Middleware] = (),
+        trace_context_field: str | None = "traceparent",
     ) -> None:
         if maxlen is not None and maxlen < 0:
             raise ValueError(f"maxlen must be >= 0, got {maxlen}")
@@ -323,6 +326,12 @@ class Publisher:
         self._span_name = f"publish {stream_prefix}"
         self._tracer: trace.Tracer = _TRACER
         self._tracing = _global_tracing()
+        #: Wrap every publish / publish_many (``streamkit.middleware``).  Kept
+        #: as given: an app's publishers share (and see later additions to) its list.
+        self.middlewares = middlewares
+        #: Entry field carrying the W3C ``traceparent`` of the producer span
+        #: (consumers link their span to it); None: not written.
+        self.trace_context_field = trace_context_field
         self.published = 0
         self.retries = 0
         self.stale_refreshes = 0
@@ -463,12 +472,25 @@ class Publisher:
         and fresh routing still points to it, and the redis-py error after
         ``max_attempts`` connection failures.
         """
+        if not self.middlewares:
+            return await self._publish_spanned(partition_key, fields)
+        ctx = PublishContext(partition_key, fields, self.stream_prefix, self.consumer_group)
+        return await chain(
+            self.middlewares,
+            "publish",
+            ctx,
+            lambda: self._publish_spanned(ctx.partition_key, ctx.fields),
+        )
+
+    async def _publish_spanned(self, partition_key: PartitionKey, fields: Fields) -> PublishResult:
         args = _field_args(fields)
         if not self._tracing:  # no tracer provider configured: no span at all
             return await self._publish(partition_key, args)
         span = self._tracer.start_span(self._span_name, kind=SpanKind.PRODUCER)
         if not span.is_recording():  # sampled out
             return await self._publish(partition_key, args)
+        if self.trace_context_field:
+            args = [*args, self.trace_context_field, traceparent(span)]
         with trace.use_span(span, end_on_exit=True):
             span.set_attribute("messaging.system", "redis")
             span.set_attribute("messaging.operation.type", "send")
@@ -519,6 +541,16 @@ class Publisher:
         :class:`PublishBatchError` with the per-message outcome; if none was,
         raises the error itself.
         """
+        if not self.middlewares:
+            return await self._publish_many(items)
+        ctx = PublishManyContext(list(items), self.stream_prefix, self.consumer_group)
+        return await chain(
+            self.middlewares, "publish_many", ctx, lambda: self._publish_many(ctx.items)
+        )
+
+    async def _publish_many(
+        self, items: Iterable[tuple[PartitionKey, Fields]]
+    ) -> list[PublishResult]:
         batch = [(key, _field_args_at(i, fields)) for i, (key, fields) in enumerate(items)]
         results: list[PublishResult | None] = [None] * len(batch)
         errors: dict[int, BaseException] = {}
@@ -729,6 +761,10 @@ class Publisher:
         if span is None or not span.is_recording():
             await self._publish_chunk(batch, pending, results, errors)
             return
+        if self.trace_context_field:
+            extra = [self.trace_context_field, traceparent(span)]
+            for i in pending:
+                batch[i] = (batch[i][0], [*batch[i][1], *extra])
         with trace.use_span(span, end_on_exit=True):
             span.set_attribute("messaging.system", "redis")
             span.set_attribute("messaging.operation.type", "send")
@@ -802,6 +838,12 @@ def _field_args_at(position: int, fields: Fields) -> list[Any]:
         return _field_args(fields)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"message #{position}: {exc}") from None
+
+
+def traceparent(span: trace.Span) -> str:
+    """The W3C ``traceparent`` header value naming ``span`` as the parent."""
+    ctx = span.get_span_context()
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
 def _global_tracing() -> bool:

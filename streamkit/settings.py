@@ -62,6 +62,11 @@ class StreamKitSettings(BaseSettings):
     retry_backoff_max_ms: int = Field(default=30_000, ge=0)
     #: ``MAXLEN ~`` of dead-letter streams.
     dead_letter_maxlen: int = Field(default=100_000, ge=1)
+    #: Field in which publishers write the W3C ``traceparent`` of their span
+    #: (only while a tracer provider records spans); "" turns it off.
+    trace_context_field: str = "traceparent"
+    #: ``HOST:PORT`` of the probe/metrics HTTP server of ``streamkit run``; None: off.
+    http: str | None = None
 
     def member_id_prefix(self, incarnation: str) -> str:
         """What member ids of one start of this process begin with."""

@@ -1,0 +1,181 @@
+"""Middlewares: one async hook around every handled entry and every publish.
+
+A :class:`Middleware` wraps four calls; each method gets a context and a
+``call_next`` coroutine function and returns what ``call_next`` returned (or
+its own result, to short-circuit):
+
+* ``consume``: one entry of a per-entry handler.  The innermost step runs the
+  handler *and* the failure policy, so a middleware sees the decision
+  (:class:`ConsumeResult`: acked, retried, dead-lettered or halted) and the
+  handler's duration.
+* ``consume_batch``: one call of a batch handler (a result per entry).
+* ``publish`` / ``publish_many``: one ``Publisher.publish`` / ``publish_many``
+  call; ``ctx.fields`` may be changed before ``call_next``.
+
+The first middleware in the list is the outermost.  A method that is not
+overridden passes through, and a chain with no middlewares costs nothing: the
+poller and the publisher call straight through when the list is empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from streamkit.failure import Action, Decision
+
+if TYPE_CHECKING:
+    from streamkit.message import Message
+    from streamkit.producer import PublishResult
+
+__all__ = [
+    "BatchContext",
+    "ConsumeContext",
+    "ConsumeResult",
+    "Middleware",
+    "Outcome",
+    "PublishContext",
+    "PublishManyContext",
+    "chain",
+]
+
+
+class Outcome(Enum):
+    """What became of a handled entry (the failure policy's decision)."""
+
+    ACKED = "acked"  # the handler finished (acked, or settled by itself)
+    RETRIED = "retried"
+    DEAD_LETTERED = "dead_lettered"
+    HALTED = "halted"
+
+
+_OUTCOMES = {
+    Action.RETRY: Outcome.RETRIED,
+    Action.DEAD_LETTER: Outcome.DEAD_LETTERED,
+    Action.HALT: Outcome.HALTED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumeResult:
+    """The outcome of one entry.
+
+    ``decision`` is None when the entry is done; else the failure policy's
+    decision, which the poller carries out after the chain returned (a
+    dead-letter write that fails leaves the entry pending and it comes back).
+    ``error`` is the handler's exception (None for success or a ``nack``).
+    """
+
+    decision: Decision | None = None
+    error: BaseException | None = None
+    duration_s: float = 0.0
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome.ACKED if self.decision is None else _OUTCOMES[self.decision.action]
+
+    @property
+    def failed(self) -> bool:
+        """The handler raised or nacked."""
+        return self.decision is not None
+
+
+@dataclass(slots=True)
+class ConsumeContext:
+    """One entry about to be handled."""
+
+    message: Message
+    stream_prefix: str
+    consumer_group: str
+    member_id: str
+    #: Scratch space shared by the middlewares of this call.
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shard(self) -> int:
+        return self.message.shard
+
+
+@dataclass(slots=True)
+class BatchContext:
+    """One batch (entries of one shard) about to be handed to a batch handler."""
+
+    messages: list[Message]
+    stream_prefix: str
+    consumer_group: str
+    member_id: str
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shard(self) -> int:
+        return self.messages[0].shard
+
+
+@dataclass(slots=True)
+class PublishContext:
+    """One ``publish`` call; a middleware may replace ``fields``."""
+
+    partition_key: Any
+    fields: Any
+    stream_prefix: str
+    consumer_group: str
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PublishManyContext:
+    """One ``publish_many`` call; ``items`` are ``(partition_key, fields)`` pairs."""
+
+    items: list[tuple[Any, Any]]
+    stream_prefix: str
+    consumer_group: str
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+ConsumeNext = Callable[[], Awaitable[ConsumeResult]]
+BatchNext = Callable[[], Awaitable[list[ConsumeResult]]]
+PublishNext = Callable[[], Awaitable["PublishResult"]]
+PublishManyNext = Callable[[], Awaitable[list["PublishResult"]]]
+
+
+class Middleware:
+    """Override the methods you need; the others pass through."""
+
+    async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
+        return await call_next()
+
+    async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:
+        return await call_next()
+
+    async def publish(self, ctx: PublishContext, call_next: PublishNext) -> PublishResult:
+        return await call_next()
+
+    async def publish_many(
+        self, ctx: PublishManyContext, call_next: PublishManyNext
+    ) -> list[PublishResult]:
+        return await call_next()
+
+
+C = TypeVar("C")
+R = TypeVar("R")
+
+
+def chain(
+    middlewares: Sequence[Middleware],
+    method: str,
+    ctx: C,
+    innermost: Callable[[], Awaitable[R]],
+) -> Awaitable[R]:
+    """Run ``innermost`` wrapped by ``middlewares`` (first = outermost) for ``method``."""
+    call: Callable[[], Awaitable[R]] = innermost
+    for middleware in reversed(middlewares):
+        bound = getattr(middleware, method)
+
+        def step(bound: Any = bound, inner: Callable[[], Awaitable[R]] = call) -> Awaitable[R]:
+            result: Awaitable[R] = bound(ctx, inner)
+            return result
+
+        call = step
+    return call()

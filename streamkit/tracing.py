@@ -1,0 +1,91 @@
+"""OpenTelemetry consumer spans, as a middleware (API only: no SDK needed).
+
+Publishers write the W3C ``traceparent`` of their producer span into the
+entry (field ``traceparent`` by default: ``STREAMKIT_TRACE_CONTEXT_FIELD``).
+:class:`TracingMiddleware` starts one ``CONSUMER`` span per handled entry
+whose parent is that producer span, so a trace runs from the publish call
+through the handler (and whatever the handler calls).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
+
+from streamkit.middleware import ConsumeContext, ConsumeNext, ConsumeResult, Middleware
+
+__all__ = ["TracingMiddleware", "parent_context"]
+
+_NO_PROVIDER: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+_TRACEPARENT: Final = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+
+def parent_context(value: bytes | str | None) -> Context | None:
+    """The remote span named by a ``traceparent`` value; None if absent or malformed."""
+    if value is None:
+        return None
+    text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+    match = _TRACEPARENT.match(text.strip())
+    if match is None:
+        return None
+    trace_id, span_id = int(match.group(1), 16), int(match.group(2), 16)
+    if trace_id == 0 or span_id == 0:
+        return None
+    span_context = SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(int(match.group(3), 16))
+    )
+    return trace.set_span_in_context(NonRecordingSpan(span_context))
+
+
+class TracingMiddleware(Middleware):
+    """A ``CONSUMER`` span per entry, child of the publisher's span.
+
+    ``field`` is the entry field read for the ``traceparent`` (None: do not
+    link).  ``tracer`` defaults to ``trace.get_tracer("streamkit")``.
+    """
+
+    def __init__(
+        self, *, tracer: trace.Tracer | None = None, field: str | None = "traceparent"
+    ) -> None:
+        # The default is a proxy: a provider installed later is still used.
+        self.tracer = tracer or trace.get_tracer("streamkit")
+        self._explicit = tracer is not None
+        self._field = field.encode() if field else None
+
+    async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
+        if not self._explicit and isinstance(trace.get_tracer_provider(), _NO_PROVIDER):
+            # No SDK installed: a no-op span would still cost a context switch
+            # per entry; skip it (the check is one global read).
+            return await call_next()
+        message = ctx.message
+        parent = None
+        if self._field is not None:
+            parent = parent_context(message.raw_fields.get(self._field))
+        with self.tracer.start_as_current_span(
+            f"process {ctx.stream_prefix}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            if span.is_recording():
+                span.set_attribute("messaging.system", "redis")
+                span.set_attribute("messaging.operation.type", "process")
+                span.set_attribute("messaging.destination.name", message.stream_key)
+                span.set_attribute("messaging.consumer.group.name", ctx.consumer_group)
+                span.set_attribute("messaging.message.id", message.id)
+                span.set_attribute("streamkit.shard_index", message.shard)
+                span.set_attribute("streamkit.member_id", ctx.member_id)
+                span.set_attribute("streamkit.delivery_count", message.delivery_count)
+            result = await call_next()
+            if span.is_recording():
+                span.set_attribute("streamkit.outcome", result.outcome.value)
+                if result.error is not None:
+                    span.record_exception(result.error)
+                if result.decision is not None:
+                    span.set_status(Status(StatusCode.ERROR, result.decision.error))
+            return result

@@ -1,0 +1,260 @@
+"""Middlewares around consume and publish, against real Redis and a real coordinator:
+the failure policy's decision is what they see, the chain's order, short-circuits,
+the OpenTelemetry parent/child link across a real publish -> consume, and the
+Prometheus middleware's counts."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client import CollectorRegistry
+
+from streamkit import Message, StreamKit
+from streamkit.failure import FailurePolicy
+from streamkit.metrics import AppCollector, PrometheusMiddleware
+from streamkit.middleware import (
+    BatchContext,
+    BatchNext,
+    ConsumeContext,
+    ConsumeNext,
+    ConsumeResult,
+    Middleware,
+    PublishContext,
+    PublishNext,
+)
+from streamkit.producer import PublishResult
+from streamkit.testing import RedisTarget
+from streamkit.testing.coordinator import CoordinatorProcess
+from streamkit.tracing import TracingMiddleware, parent_context
+
+from .support import Admin, eventually, in_process_settings, serving
+
+# One Redis flavour is enough here: the chain sits above the Redis commands.
+standalone = pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
+
+
+class Recorder(Middleware):
+    def __init__(self, name: str, log: list[tuple[str, ...]]) -> None:
+        self.name = name
+        self.log = log
+
+    async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
+        self.log.append((self.name, "in", ctx.message.fields["n"]))
+        result = await call_next()
+        self.log.append((self.name, result.outcome.value, ctx.message.fields["n"]))
+        return result
+
+    async def publish(self, ctx: PublishContext, call_next: PublishNext) -> PublishResult:
+        ctx.fields = {**ctx.fields, f"via-{self.name}": "1"}
+        return await call_next()
+
+
+class SkipSeen(Middleware):
+    """A short-circuit: entries marked ``dup`` are acked without the handler."""
+
+    async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
+        if "dup" in ctx.message.fields:
+            ctx.message.ack()
+            return ConsumeResult()
+        return await call_next()
+
+
+@standalone
+async def test_middlewares_wrap_handler_and_policy_in_order(
+    coordinator: CoordinatorProcess, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
+) -> None:
+    prefix, group = names
+    await admin.create_group(prefix, group, 1)
+    log: list[tuple[str, ...]] = []
+    app = StreamKit(
+        **in_process_settings(coordinator, any_redis, "mw"),
+        middlewares=[Recorder("outer", log), Recorder("inner", log)],
+    )
+    app.add_middleware(SkipSeen())
+    pub = app.publisher(stream_prefix=prefix, group=group)
+    handled: list[dict[str, str]] = []
+    policy = FailurePolicy(max_attempts=2, backoff_initial_ms=10, jitter=0.0)
+
+    @app.stream_listener(stream_prefix=prefix, group=group, failure_policy=policy)
+    async def handle(msg: Message) -> None:
+        handled.append(msg.fields)
+        if msg.fields["n"] == "bad":
+            raise RuntimeError("boom")
+        await msg.ack()
+
+    with anyio.fail_after(20):
+        async with serving(app):
+            for n in ("a", "bad", "dup", "b"):
+                await pub.publish("k", {"n": n, **({"dup": "1"} if n == "dup" else {})})
+            await eventually(lambda: ("outer", "acked", "b") in log, 10, "every entry")
+    outer = [(o, n) for who, o, n in log if who == "outer" and o != "in"]
+    assert outer == [
+        ("acked", "a"),
+        ("retried", "bad"),
+        ("dead_lettered", "bad"),
+        ("acked", "dup"),
+        ("acked", "b"),
+    ]
+    # First middleware is the outermost: it enters first and leaves last.
+    assert log[:4] == [("outer", "in", "a"), ("inner", "in", "a"), ("inner", "acked", "a"),
+                       ("outer", "acked", "a")]  # fmt: skip
+    assert [h["n"] for h in handled] == ["a", "bad", "bad", "b"]  # "dup" never reached it
+    # Publish middlewares changed the fields, outer first.
+    assert all(h["via-outer"] == "1" and h["via-inner"] == "1" for h in handled)
+
+
+@standalone
+async def test_consumer_span_is_child_of_the_producer_span(
+    coordinator: CoordinatorProcess, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
+) -> None:
+    prefix, group = names
+    await admin.create_group(prefix, group, 2)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("streamkit")
+    app = StreamKit(
+        **in_process_settings(coordinator, any_redis, "trace"),
+        middlewares=[TracingMiddleware(tracer=tracer)],
+    )
+    pub = app.publisher(stream_prefix=prefix, group=group)
+    pub.tracer = tracer
+    seen: list[str] = []
+
+    @app.stream_listener(stream_prefix=prefix, group=group, auto_ack=True)
+    async def handle(msg: Message) -> None:
+        seen.append(msg.fields["traceparent"])
+
+    with anyio.fail_after(20):
+        async with serving(app):
+            await pub.publish("order-1", {"n": "1"})
+            await pub.publish_many([("order-2", {"n": "2"}), ("order-3", {"n": "3"})])
+            await eventually(lambda: len(seen) == 3, 10, "three entries handled")
+            await eventually(
+                lambda: (
+                    sum(s.kind is SpanKind.CONSUMER for s in exporter.get_finished_spans()) == 3
+                ),
+                5,
+                "three consumer spans",
+            )
+    spans = exporter.get_finished_spans()
+    producers = {s.context.span_id: s for s in spans if s.kind is SpanKind.PRODUCER}
+    consumers = [s for s in spans if s.kind is SpanKind.CONSUMER]
+    assert len(producers) == 2  # one per publish, one per publish_many batch
+    for span in consumers:
+        assert span.parent is not None
+        producer = producers[span.parent.span_id]
+        assert span.context.trace_id == producer.context.trace_id
+        assert span.name == f"process {prefix}"
+        assert span.attributes is not None
+        assert span.attributes["streamkit.outcome"] == "acked"
+        assert span.attributes["messaging.consumer.group.name"] == group
+        assert span.status.status_code is StatusCode.UNSET
+    # A missing or malformed traceparent starts a new trace instead of failing.
+    assert parent_context(None) is None and parent_context("garbage") is None
+
+
+@standalone
+async def test_prometheus_middleware_counts_outcomes_and_publishes(
+    coordinator: CoordinatorProcess, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
+) -> None:
+    prefix, group = names
+    await admin.create_group(prefix, group, 2)
+    registry = CollectorRegistry()
+    app = StreamKit(
+        **in_process_settings(coordinator, any_redis, "prom"),
+        middlewares=[PrometheusMiddleware(registry)],
+    )
+    registry.register(AppCollector(app))
+    pub = app.publisher(stream_prefix=prefix, group=group)
+    policy = FailurePolicy(max_attempts=1)
+
+    @app.stream_listener(stream_prefix=prefix, group=group, failure_policy=policy)
+    async def handle(msg: Message) -> None:
+        if msg.fields["n"] == "bad":
+            raise ValueError("no")
+        await msg.ack()
+
+    labels = {"stream_prefix": prefix, "group": group}
+
+    def value(name: str, **extra: str) -> float:
+        return registry.get_sample_value(name, {**labels, **extra}) or 0.0
+
+    with anyio.fail_after(20):
+        async with serving(app):
+            await pub.publish_many([(f"k{i}", {"n": str(i)}) for i in range(5)])
+            await pub.publish("k", {"n": "bad"})
+            await eventually(
+                lambda: (
+                    value("streamkit_consumer_entries_handled_total", outcome="dead_lettered") == 1
+                    and value("streamkit_consumer_entries_handled_total", outcome="acked") == 5
+                ),
+                10,
+                "six outcomes",
+            )
+            owned = sum(
+                registry.get_sample_value(
+                    "streamkit_member_owned_shards", {**labels, "member": m.member_id}
+                )
+                or 0
+                for m in app.members
+            )
+            assert owned == 2
+    assert value("streamkit_consumer_entries_received_total") == 6
+    assert value("streamkit_publish_messages_total") == 6
+    assert value("streamkit_publish_duration_seconds_count") == 2
+    assert value("streamkit_consumer_handler_duration_seconds_count") == 6
+    assert value("streamkit_consumer_in_flight") == 0
+    assert value("streamkit_publish_routing_refreshes_total") >= 1  # the start-up fetch
+    assert value("streamkit_publish_retries_total") == 0
+
+
+def test_publish_error_reasons_are_bounded() -> None:
+    from streamkit.metrics import error_reason
+    from streamkit.routing_cache import RoutingUnavailable
+
+    assert error_reason(TypeError("x")) == "invalid_fields"
+    assert error_reason(ConnectionError()) == "connection"
+    assert error_reason(RoutingUnavailable("gone", "lease_expired")) == "routing_unavailable"
+    assert error_reason(KeyError("k")) == "other"
+
+
+class BatchRecorder(Middleware):
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, list[str]]] = []
+
+    async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:
+        results = await call_next()
+        self.batches.append((ctx.shard, [r.outcome.value for r in results]))
+        return results
+
+
+@standalone
+async def test_batch_middleware_sees_one_outcome_per_entry(
+    coordinator: CoordinatorProcess, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
+) -> None:
+    prefix, group = names
+    await admin.create_group(prefix, group, 1)
+    recorder = BatchRecorder()
+    app = StreamKit(**in_process_settings(coordinator, any_redis, "batch"), middlewares=[recorder])
+    pub = app.publisher(stream_prefix=prefix, group=group)
+    policy = FailurePolicy(max_attempts=1)
+
+    @app.stream_listener(stream_prefix=prefix, group=group, failure_policy=policy, batch_size=10)
+    async def handle(msgs: list[Message]) -> None:
+        for msg in msgs:
+            # A nack is a failure; with one attempt allowed it is dead-lettered.
+            await (msg.nack() if int(msg.fields["n"]) % 2 else msg.ack())
+
+    with anyio.fail_after(20):
+        await pub.publish_many([("k", {"n": str(i)}) for i in range(4)])
+        async with serving(app):
+            await eventually(
+                lambda: sum(len(o) for _, o in recorder.batches) == 4, 10, "four outcomes"
+            )
+    outcomes = [o for _, batch in recorder.batches for o in batch]
+    assert outcomes == ["acked", "dead_lettered", "acked", "dead_lettered"]
