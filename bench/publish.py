@@ -11,12 +11,20 @@ publishes N keyed ~100-byte messages in each mode:
                the timed loop (skips ``xadd()``'s argument handling, which the
                publisher skips too: the strictest baseline)
   - publisher: ``await publisher.publish(partition_key, fields)``
-* batched: batches of 100 messages
-  - raw per shard:  the batch grouped by shard, one pipeline per shard, awaited
-                    one after the other (the baseline named in the issue)
+  - publisher, coalescing off: ``Publisher(..., coalesce=False)`` (the
+               behaviour before the coalescing publisher)
+* batched: batches of 10, 100 and 1,000 messages
+  - raw per shard:  batches of 100 grouped by shard, one pipeline per shard,
+                    awaited one after the other
   - raw 1 pipeline: the whole batch in one non-transactional pipeline (what
                     the publisher does; the like-for-like baseline)
   - publisher:      ``await publisher.publish_many(batch)``
+* concurrent: 1, 10 and 100 tasks, each awaiting its share one message at a time
+  - raw xadd each:  every task awaits its own ``XADD`` (redis-py sends one
+                    command per call, each on a pooled connection)
+  - publisher, coalescing off / on: every task awaits ``publisher.publish``;
+                    with coalescing, calls of one loop turn share a pipeline.
+                    The ceiling is the raw one pipeline of 100.
 
 Each round sends the N messages through every mode, interleaved in slices of
 2,000 messages (rotating which mode goes first), so that noise on the shared
@@ -48,6 +56,8 @@ PREFIX = "bench-orders"
 GROUP = "billing"
 SHARDS = 8
 BATCH = 100
+BATCH_SIZES = (10, 100, 1000)
+TASKS = (1, 10, 100)
 SLICE = 2_000  # messages per mode before switching to the next mode
 PAYLOAD = "x" * 84  # with the key field: ~100 bytes of field data per message
 
@@ -109,16 +119,52 @@ def raw_per_shard(r: AsyncRedisClient) -> Mode:
     return run
 
 
-def raw_one_pipeline(r: AsyncRedisClient) -> Mode:
+def raw_one_pipeline(r: AsyncRedisClient, size: int = BATCH) -> Mode:
     async def run(msgs: list[Message]) -> float:
         keys = [stream_key(PREFIX, shard_for_key(k, SHARDS)) for k, _ in msgs]
         started = time.perf_counter()
-        for lo in range(0, len(msgs), BATCH):
+        for lo in range(0, len(msgs), size):
             pipe = r.pipeline(transaction=False)
-            for key, (_, fields) in zip(keys[lo : lo + BATCH], msgs[lo : lo + BATCH], strict=True):
+            for key, (_, fields) in zip(keys[lo : lo + size], msgs[lo : lo + size], strict=True):
                 pipe.xadd(key, fields, nomkstream=True)  # type: ignore[arg-type]
             await pipe.execute()
         return time.perf_counter() - started
+
+    return run
+
+
+async def _in_tasks(
+    msgs: list[Message], tasks: int, one: Callable[[Message], Awaitable[object]]
+) -> float:
+    """``tasks`` concurrent tasks, each awaiting its share of ``msgs`` one by one."""
+
+    async def worker(share: list[Message]) -> None:
+        for msg in share:
+            await one(msg)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(msgs[t::tasks]) for t in range(tasks)))
+    return time.perf_counter() - started
+
+
+def raw_concurrent(r: AsyncRedisClient, tasks: int) -> Mode:
+    async def run(msgs: list[Message]) -> float:
+        heads = {k: stream_key(PREFIX, shard_for_key(k, SHARDS)) for k, _ in msgs}
+
+        async def one(msg: Message) -> object:
+            return await r.xadd(heads[msg[0]], msg[1], nomkstream=True)  # type: ignore[arg-type]
+
+        return await _in_tasks(msgs, tasks, one)
+
+    return run
+
+
+def publisher_concurrent(pub: Publisher, tasks: int) -> Mode:
+    async def run(msgs: list[Message]) -> float:
+        async def one(msg: Message) -> object:
+            return await pub.publish(msg[0], msg[1])
+
+        return await _in_tasks(msgs, tasks, one)
 
     return run
 
@@ -127,17 +173,17 @@ def publisher_single(pub: Publisher) -> Mode:
     async def run(msgs: list[Message]) -> float:
         started = time.perf_counter()
         for key, fields in msgs:
-            await pub.publish(key, fields)  # type: ignore[arg-type]
+            await pub.publish(key, fields)
         return time.perf_counter() - started
 
     return run
 
 
-def publisher_batched(pub: Publisher) -> Mode:
+def publisher_batched(pub: Publisher, size: int = BATCH) -> Mode:
     async def run(msgs: list[Message]) -> float:
         started = time.perf_counter()
-        for lo in range(0, len(msgs), BATCH):
-            await pub.publish_many(msgs[lo : lo + BATCH])  # type: ignore[arg-type]
+        for lo in range(0, len(msgs), size):
+            await pub.publish_many(msgs[lo : lo + size])
         return time.perf_counter() - started
 
     return run
@@ -161,15 +207,24 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
     raw = make_client(target)
     pub = Publisher(PREFIX, GROUP, settings=settings)  # its own Redis client, like an app's
     await pub.start()
+    # Today's behaviour for the concurrent pattern: every call its own round trip.
+    plain = Publisher(PREFIX, GROUP, settings=settings, coalesce=False)
+    await plain.start()
     msgs = messages(n)
     modes: dict[str, Mode] = {
         "single  raw xadd": raw_single(raw),
         "single  raw execute_command": raw_single_command(raw),
         "single  publisher.publish": publisher_single(pub),
+        "single  publisher, coalescing off": publisher_single(plain),
         "batched raw, pipeline per shard": raw_per_shard(raw),
-        "batched raw, one pipeline": raw_one_pipeline(raw),
-        "batched publisher.publish_many": publisher_batched(pub),
     }
+    for size in BATCH_SIZES:
+        modes[f"batch {size:<4} raw, one pipeline"] = raw_one_pipeline(raw, size)
+        modes[f"batch {size:<4} publisher.publish_many"] = publisher_batched(pub, size)
+    for tasks in TASKS:
+        modes[f"{tasks:>3} tasks raw xadd each"] = raw_concurrent(raw, tasks)
+        modes[f"{tasks:>3} tasks publisher, coalescing off"] = publisher_concurrent(plain, tasks)
+        modes[f"{tasks:>3} tasks publisher.publish"] = publisher_concurrent(pub, tasks)
     rates: dict[str, list[float]] = {name: [] for name in modes}
     names = list(modes)
     try:
@@ -189,22 +244,58 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
             print(f"round {r + 1}/{rounds} done", flush=True)
     finally:
         await pub.aclose()
+        await plain.aclose()
         await raw.aclose()
 
     best = {name: max(values) for name, values in rates.items()}
     print(f"\n{n:,} messages, {SHARDS} shards, {target.kind} Redis, best of {rounds} rounds")
     for name, values in rates.items():
         print(
-            f"  {name:<34}{best[name]:>10,.0f} msgs/s   (median {statistics.median(values):,.0f})"
+            f"  {name:<40}{best[name]:>10,.0f} msgs/s   (median {statistics.median(values):,.0f})"
         )
-    single = best["single  publisher.publish"] / best["single  raw xadd"]
-    single_cmd = best["single  publisher.publish"] / best["single  raw execute_command"]
-    per_shard = best["batched publisher.publish_many"] / best["batched raw, pipeline per shard"]
-    one = best["batched publisher.publish_many"] / best["batched raw, one pipeline"]
-    print(f"\n  single:  publisher / raw xadd                = {single:.0%}")
-    print(f"  single:  publisher / raw execute_command     = {single_cmd:.0%}")
-    print(f"  batched: publisher / raw pipeline per shard = {per_shard:.0%}")
-    print(f"  batched: publisher / raw one pipeline       = {one:.0%}")
+
+    def ratio(label: str, num: str, den: str) -> None:
+        print(f"  {label:<58} = {best[num] / best[den]:.2f}x")
+
+    print()
+    ratio("single: publisher / raw xadd", "single  publisher.publish", "single  raw xadd")
+    ratio(
+        "single: publisher / raw execute_command",
+        "single  publisher.publish",
+        "single  raw execute_command",
+    )
+    ratio(
+        "single: coalescing on / off",
+        "single  publisher.publish",
+        "single  publisher, coalescing off",
+    )
+    ratio(
+        "batch 100: publish_many / raw pipeline per shard",
+        f"batch {BATCH:<4} publisher.publish_many",
+        "batched raw, pipeline per shard",
+    )
+    for size in BATCH_SIZES:
+        ratio(
+            f"batch {size}: publish_many / raw one pipeline",
+            f"batch {size:<4} publisher.publish_many",
+            f"batch {size:<4} raw, one pipeline",
+        )
+    for tasks in TASKS:
+        ratio(
+            f"{tasks} tasks: publisher / raw xadd each",
+            f"{tasks:>3} tasks publisher.publish",
+            f"{tasks:>3} tasks raw xadd each",
+        )
+        ratio(
+            f"{tasks} tasks: publisher / raw one pipeline of {BATCH}",
+            f"{tasks:>3} tasks publisher.publish",
+            f"batch {BATCH:<4} raw, one pipeline",
+        )
+        ratio(
+            f"{tasks} tasks: coalescing on / off",
+            f"{tasks:>3} tasks publisher.publish",
+            f"{tasks:>3} tasks publisher, coalescing off",
+        )
     print(
         f"  publisher counters: published={pub.published} retries={pub.retries} "
         f"refreshes={pub.refresher.refreshes}"

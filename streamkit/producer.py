@@ -48,6 +48,7 @@ import redis.exceptions
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from streamkit.coalescer import CommandCoalescer
 from streamkit.connections import AsyncRedis, connect_redis
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
 from streamkit.errors import StreamkitError
@@ -276,6 +277,8 @@ class Publisher:
         redis: AsyncRedis | None = None,
         maxlen: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        coalesce: bool = True,
+        coalesce_window: float = 0.0,
     ) -> None:
         if maxlen is not None and maxlen < 0:
             raise ValueError(f"maxlen must be >= 0, got {maxlen}")
@@ -309,6 +312,18 @@ class Publisher:
             consumer_group,
             clock=clock,
             on_finished=self._refresh_finished,
+        )
+        # Concurrent publish() calls share one pipeline (streamkit.coalescer);
+        # off, each call is its own round trip.
+        self._coalescer: CommandCoalescer | None = (
+            CommandCoalescer(
+                self._redis.execute_command,
+                self._send_pipeline,
+                window=coalesce_window,
+                max_batch=self.max_batch,
+            )
+            if coalesce
+            else None
         )
         self._snap = _EMPTY
         # Until this clock value the hot path may route from `_snap` without
@@ -488,7 +503,10 @@ class Publisher:
                 snap, index = await self._route_slow(partition_key)
             seq = self._refresher.started
             try:
-                reply = await self._redis.execute_command(*snap.heads[index], *args)
+                if self._coalescer is None:
+                    reply = await self._redis.execute_command(*snap.heads[index], *args)
+                else:
+                    reply = await self._coalescer.execute(*snap.heads[index], *args)
             except _RETRYABLE as exc:
                 if attempt >= self.max_attempts or _fatal(exc):
                     raise
@@ -502,6 +520,12 @@ class Publisher:
                     raise self._stale_error(snap, index, "routing kept changing")
                 self.retries += 1
             attempt += 1
+
+    async def _send_pipeline(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        pipe = self._redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return await pipe.execute(raise_on_error=False)
 
     async def publish_many(
         self, items: Iterable[tuple[PartitionKey, Fields]]

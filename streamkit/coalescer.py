@@ -1,0 +1,159 @@
+"""Coalesce concurrent single Redis commands into one pipeline (group commit).
+
+Many tasks that each ``await publisher.publish(...)`` would otherwise pay one
+round trip each, although their calls arrive within the same event-loop turn.
+:class:`CommandCoalescer` sends them as one non-transactional pipeline:
+
+* **alone, no delay:** when no command is in the air and nobody is collecting,
+  a call is sent at once as a plain command. A single caller therefore never
+  waits for a window (its latency is what it was without coalescing);
+* **concurrent, one pipeline:** when a command is already in the air, the next
+  caller becomes the *leader* of a batch: it yields for ``window`` seconds (0
+  means one event-loop turn), lets every caller arriving meanwhile join, then
+  sends the batch as one pipeline and hands each caller its own reply;
+* **bounded:** a batch takes at most ``max_batch`` commands; the next caller
+  then starts a new batch.
+
+Each caller gets its own reply, or its own error: a command error (a reply
+that is an exception) fails that call only; an error of the whole pipeline
+(connection lost, timeout) fails every call of the batch, and each caller
+decides on its own whether to retry.
+
+Order: commands of one batch are sent in the order the calls were made, on one
+connection, so Redis applies them in that order. Calls from one task are
+sequential (the task awaits each), so they keep their order. Calls from
+different tasks in *different* batches may be sent on different connections at
+the same time: across tasks there is no order, exactly as without coalescing.
+
+The leader sends and delivers under a shielded cancel scope: cancelling the
+leader while its batch is in the air must not strand the other callers. The
+shield lasts one round trip, bounded by the client's socket timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final
+
+import anyio
+
+__all__ = ["CommandCoalescer"]
+
+Command = tuple[Any, ...]
+#: Sends commands as one pipeline; returns one reply per command, in order,
+#: where a failed command's reply is its exception (``raise_on_error=False``).
+SendMany = Callable[[Sequence[Command]], Awaitable[Sequence[Any]]]
+SendOne = Callable[..., Awaitable[Any]]
+
+_UNSET: Final = object()
+
+
+class _Call:
+    """One caller's command and, once the batch is back, its outcome."""
+
+    __slots__ = ("command", "done", "error", "reply")
+
+    def __init__(self, command: Command) -> None:
+        self.command = command
+        self.done = anyio.Event()
+        self.reply: Any = _UNSET
+        self.error: BaseException | None = None
+
+
+class CommandCoalescer:
+    """Send concurrent commands as one pipeline; see the module docstring.
+
+    Counters: ``sent`` (commands), ``pipelines`` (batches of two or more sent
+    as a pipeline), ``singles`` (commands sent alone).
+    """
+
+    def __init__(
+        self,
+        send_one: SendOne,
+        send_many: SendMany,
+        *,
+        window: float = 0.0,
+        max_batch: int = 1000,
+    ) -> None:
+        if window < 0:
+            raise ValueError(f"window must be >= 0, got {window}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self._send_one = send_one
+        self._send_many = send_many
+        self.window = window
+        self.max_batch = max_batch
+        self._collecting: list[_Call] | None = None
+        self._in_flight = 0
+        self.sent = 0
+        self.pipelines = 0
+        self.singles = 0
+
+    async def execute(self, *command: Any) -> Any:
+        """Send ``command`` (alone or with others) and return its reply."""
+        batch = self._collecting
+        if batch is not None:
+            call = _Call(command)
+            batch.append(call)
+            if len(batch) >= self.max_batch:
+                self._collecting = None  # full: the next caller starts a new batch
+            await call.done.wait()
+            if call.error is not None:
+                raise call.error
+            return call.reply
+        if self._in_flight == 0:
+            # Nothing in the air: nobody to wait for, send at once.
+            self._in_flight += 1
+            self.sent += 1
+            self.singles += 1
+            try:
+                return await self._send_one(*command)
+            finally:
+                self._in_flight -= 1
+        return await self._lead(_Call(command))
+
+    async def _lead(self, call: _Call) -> Any:
+        batch = [call]
+        self._collecting = batch
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.sleep(self.window)  # let the callers of this turn join
+            finally:
+                if self._collecting is batch:
+                    self._collecting = None
+            self._in_flight += 1
+            try:
+                await self._send(batch)
+            finally:
+                self._in_flight -= 1
+        if call.error is not None:
+            raise call.error
+        return call.reply
+
+    async def _send(self, batch: list[_Call]) -> None:
+        self.sent += len(batch)
+        try:
+            if len(batch) == 1:
+                self.singles += 1
+                try:
+                    batch[0].reply = await self._send_one(*batch[0].command)
+                except Exception as exc:
+                    batch[0].error = exc
+                return
+            self.pipelines += 1
+            try:
+                replies = await self._send_many([c.command for c in batch])
+            except Exception as exc:
+                for c in batch:
+                    c.error = exc
+                return
+            for c, reply in zip(batch, replies, strict=True):
+                if isinstance(reply, BaseException):
+                    c.error = reply
+                else:
+                    c.reply = reply
+        finally:
+            for c in batch:
+                if c.reply is _UNSET and c.error is None:
+                    c.error = RuntimeError("coalesced command was not answered")
+                c.done.set()
