@@ -32,8 +32,9 @@ shield lasts one round trip, bounded by the client's socket timeout.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final
+from typing import Any
 
 import anyio
 
@@ -44,20 +45,6 @@ Command = tuple[Any, ...]
 #: where a failed command's reply is its exception (``raise_on_error=False``).
 SendMany = Callable[[Sequence[Command]], Awaitable[Sequence[Any]]]
 SendOne = Callable[..., Awaitable[Any]]
-
-_UNSET: Final = object()
-
-
-class _Call:
-    """One caller's command and, once the batch is back, its outcome."""
-
-    __slots__ = ("command", "done", "error", "reply")
-
-    def __init__(self, command: Command) -> None:
-        self.command = command
-        self.done = anyio.Event()
-        self.reply: Any = _UNSET
-        self.error: BaseException | None = None
 
 
 class CommandCoalescer:
@@ -83,7 +70,9 @@ class CommandCoalescer:
         self._send_many = send_many
         self.window = window
         self.max_batch = max_batch
-        self._collecting: list[_Call] | None = None
+        # (command, future) of the batch being collected; redis-py is asyncio
+        # only, and a bare future is the cheapest way to hand back one reply.
+        self._collecting: list[tuple[Command, asyncio.Future[Any]]] | None = None
         self._in_flight = 0
         self.sent = 0
         self.pipelines = 0
@@ -93,14 +82,11 @@ class CommandCoalescer:
         """Send ``command`` (alone or with others) and return its reply."""
         batch = self._collecting
         if batch is not None:
-            call = _Call(command)
-            batch.append(call)
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            batch.append((command, future))
             if len(batch) >= self.max_batch:
                 self._collecting = None  # full: the next caller starts a new batch
-            await call.done.wait()
-            if call.error is not None:
-                raise call.error
-            return call.reply
+            return await future
         if self._in_flight == 0:
             # Nothing in the air: nobody to wait for, send at once.
             self._in_flight += 1
@@ -110,14 +96,15 @@ class CommandCoalescer:
                 return await self._send_one(*command)
             finally:
                 self._in_flight -= 1
-        return await self._lead(_Call(command))
+        return await self._lead(command)
 
-    async def _lead(self, call: _Call) -> Any:
-        batch = [call]
+    async def _lead(self, command: Command) -> Any:
+        own: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        batch = [(command, own)]
         self._collecting = batch
         with anyio.CancelScope(shield=True):
             try:
-                await anyio.sleep(self.window)  # let the callers of this turn join
+                await asyncio.sleep(self.window)  # let the callers of this turn join
             finally:
                 if self._collecting is batch:
                     self._collecting = None
@@ -126,34 +113,28 @@ class CommandCoalescer:
                 await self._send(batch)
             finally:
                 self._in_flight -= 1
-        if call.error is not None:
-            raise call.error
-        return call.reply
+        return own.result()
 
-    async def _send(self, batch: list[_Call]) -> None:
+    async def _send(self, batch: list[tuple[Command, asyncio.Future[Any]]]) -> None:
         self.sent += len(batch)
+        outcomes: Sequence[Any]
         try:
             if len(batch) == 1:
                 self.singles += 1
-                try:
-                    batch[0].reply = await self._send_one(*batch[0].command)
-                except Exception as exc:
-                    batch[0].error = exc
-                return
-            self.pipelines += 1
-            try:
-                replies = await self._send_many([c.command for c in batch])
-            except Exception as exc:
-                for c in batch:
-                    c.error = exc
-                return
-            for c, reply in zip(batch, replies, strict=True):
-                if isinstance(reply, BaseException):
-                    c.error = reply
-                else:
-                    c.reply = reply
+                outcomes = [await self._send_one(*batch[0][0])]
+            else:
+                self.pipelines += 1
+                outcomes = await self._send_many([command for command, _ in batch])
+        except Exception as exc:
+            outcomes = [exc] * len(batch)
+        except BaseException as exc:  # the leader itself is going away: fail the batch
+            outcomes = [RuntimeError(f"coalesced command was not answered: {exc!r}")] * len(batch)
+            raise
         finally:
-            for c in batch:
-                if c.reply is _UNSET and c.error is None:
-                    c.error = RuntimeError("coalesced command was not answered")
-                c.done.set()
+            for (_, future), outcome in zip(batch, outcomes, strict=True):
+                if future.done():  # its caller was cancelled
+                    continue
+                if isinstance(outcome, BaseException):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)

@@ -252,6 +252,12 @@ class Publisher:
     first :meth:`start` or publish. ``clock`` (monotonic seconds) drives the
     routing cache; tests inject a controllable one.
 
+    Concurrent :meth:`publish` calls are sent as one pipeline
+    (``streamkit.coalescer``; ``coalesce=False`` turns that off): a lone call
+    goes out at once, calls made while one is in the air wait one event-loop
+    turn (or ``coalesce_window`` seconds) for others to join. Each call gets
+    its own result and its own error.
+
     Counters for metrics: ``published``, ``retries`` (re-sent messages),
     ``stale_refreshes`` (publishes that found a stale route and refreshed),
     ``routing_failures`` (publishes refused for lack of a usable route).
@@ -604,6 +610,11 @@ class Publisher:
     def tracer(self, tracer: trace.Tracer) -> None:
         self._tracer = tracer
         self._tracing = True
+
+    @property
+    def coalescer(self) -> CommandCoalescer | None:
+        """What turns concurrent ``publish`` calls into pipelines (None when off)."""
+        return self._coalescer
 
     @property
     def routing_cache(self) -> RoutingCache:

@@ -27,7 +27,7 @@ async def test_concurrent_publishes_get_their_own_results_and_errors(stack: Stac
     keys = [f"user-{i}" for i in range(120)]
     outcomes = await gather(*[lambda k=k: pub.publish(k, {"k": k}) for k in keys])
 
-    coalescer = pub._coalescer
+    coalescer = pub.coalescer
     assert coalescer is not None and coalescer.pipelines >= 1  # calls did share pipelines
     for key, outcome in zip(keys, outcomes, strict=True):
         shard = shard_for_key(key, 6)
@@ -63,7 +63,7 @@ async def test_calls_from_one_task_keep_their_order(stack: Stack) -> None:
     for _, data in entries:
         seen.setdefault(data[b"w"], []).append(int(data[b"seq"]))
     assert all(seqs == list(range(25)) for seqs in seen.values()) and len(seen) == 8
-    assert pub._coalescer is not None and pub._coalescer.pipelines >= 1
+    assert pub.coalescer is not None and pub.coalescer.pipelines >= 1
 
 
 async def test_coalescing_off_sends_one_by_one(stack: Stack) -> None:
@@ -71,7 +71,7 @@ async def test_coalescing_off_sends_one_by_one(stack: Stack) -> None:
     pub = stack.publisher(coalesce=False)
     outcomes = await gather(*[lambda i=i: pub.publish(f"k{i}", {"i": i}) for i in range(10)])
     assert all(isinstance(o, PublishResult) for o in outcomes)
-    assert pub._coalescer is None
+    assert pub.coalescer is None
 
 
 # -- the coalescer alone, over an in-memory "server" ---------------------------------
