@@ -132,3 +132,29 @@ async def test_a_cancelled_leader_does_not_strand_its_batch() -> None:
         leader_scope.cancel()  # during the window: the batch still goes out
     assert results["follower"] == "follower" and results["first"] == "first"
     assert echo.batches == [1, 2]
+
+
+async def test_a_cancelled_follower_leaves_the_others_answered() -> None:
+    echo = Echo()
+    co = CommandCoalescer(echo.one, echo.many, window=0.01)
+    results: dict[str, Any] = {}
+    follower_scope = anyio.CancelScope()
+
+    async def call(name: str) -> None:
+        results[name] = await co.execute(name)
+
+    async def follower() -> None:
+        with follower_scope:
+            await call("gone")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, "first")
+        await anyio.lowlevel.checkpoint()
+        tg.start_soon(call, "leader")
+        await anyio.lowlevel.checkpoint()
+        tg.start_soon(follower)
+        tg.start_soon(call, "stays")
+        await anyio.lowlevel.checkpoint()
+        follower_scope.cancel()  # its reply is dropped; the batch is still sent
+    assert results == {"first": "first", "leader": "leader", "stays": "stays"}
+    assert echo.batches == [1, 3]
