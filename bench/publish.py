@@ -11,15 +11,26 @@ publishes N keyed ~100-byte messages in each mode:
                the timed loop (skips ``xadd()``'s argument handling, which the
                publisher skips too: the strictest baseline)
   - publisher: ``await publisher.publish(partition_key, fields)``
-* batched: batches of 100 messages
-  - raw per shard:  the batch grouped by shard, one pipeline per shard, awaited
-                    one after the other (the baseline named in the issue)
+  - publisher, coalescing off: ``Publisher(..., coalesce=False)`` (the
+               behaviour before the coalescing publisher)
+* batched: batches of 10, 100 and 1,000 messages
+  - raw per shard:  batches of 100 grouped by shard, one pipeline per shard,
+                    awaited one after the other
   - raw 1 pipeline: the whole batch in one non-transactional pipeline (what
                     the publisher does; the like-for-like baseline)
+  - raw 1 pipeline, socket timeout: the same, on a client with the
+                    publisher's socket timeout (redis-py then arms a timer
+                    per reply; the publisher's own client has one)
   - publisher:      ``await publisher.publish_many(batch)``
 * both publisher modes again with the built-in metrics middleware and tracing
   on (an OTel SDK provider recording every span, the ``traceparent`` field
   written): the cost of observability, as a ratio to the plain publisher
+* concurrent: 1, 10 and 100 tasks, each awaiting its share one message at a time
+  - raw xadd each:  every task awaits its own ``XADD`` (redis-py sends one
+                    command per call, each on a pooled connection)
+  - publisher, coalescing off / on: every task awaits ``publisher.publish``;
+                    with coalescing, calls of one loop turn share a pipeline.
+                    The ceiling is the raw one pipeline of 100.
 
 Each round sends the N messages through every mode, interleaved in slices of
 2,000 messages (rotating which mode goes first), so that noise on the shared
@@ -55,6 +66,8 @@ PREFIX = "bench-orders"
 GROUP = "billing"
 SHARDS = 8
 BATCH = 100
+BATCH_SIZES = (10, 100, 1000)
+TASKS = (1, 10, 100)
 SLICE = 2_000  # messages per mode before switching to the next mode
 PAYLOAD = "x" * 84  # with the key field: ~100 bytes of field data per message
 
@@ -116,16 +129,52 @@ def raw_per_shard(r: AsyncRedisClient) -> Mode:
     return run
 
 
-def raw_one_pipeline(r: AsyncRedisClient) -> Mode:
+def raw_one_pipeline(r: AsyncRedisClient, size: int = BATCH) -> Mode:
     async def run(msgs: list[Message]) -> float:
         keys = [stream_key(PREFIX, shard_for_key(k, SHARDS)) for k, _ in msgs]
         started = time.perf_counter()
-        for lo in range(0, len(msgs), BATCH):
+        for lo in range(0, len(msgs), size):
             pipe = r.pipeline(transaction=False)
-            for key, (_, fields) in zip(keys[lo : lo + BATCH], msgs[lo : lo + BATCH], strict=True):
+            for key, (_, fields) in zip(keys[lo : lo + size], msgs[lo : lo + size], strict=True):
                 pipe.xadd(key, fields, nomkstream=True)  # type: ignore[arg-type]
             await pipe.execute()
         return time.perf_counter() - started
+
+    return run
+
+
+async def _in_tasks(
+    msgs: list[Message], tasks: int, one: Callable[[Message], Awaitable[object]]
+) -> float:
+    """``tasks`` concurrent tasks, each awaiting its share of ``msgs`` one by one."""
+
+    async def worker(share: list[Message]) -> None:
+        for msg in share:
+            await one(msg)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(msgs[t::tasks]) for t in range(tasks)))
+    return time.perf_counter() - started
+
+
+def raw_concurrent(r: AsyncRedisClient, tasks: int) -> Mode:
+    async def run(msgs: list[Message]) -> float:
+        heads = {k: stream_key(PREFIX, shard_for_key(k, SHARDS)) for k, _ in msgs}
+
+        async def one(msg: Message) -> object:
+            return await r.xadd(heads[msg[0]], msg[1], nomkstream=True)  # type: ignore[arg-type]
+
+        return await _in_tasks(msgs, tasks, one)
+
+    return run
+
+
+def publisher_concurrent(pub: Publisher, tasks: int) -> Mode:
+    async def run(msgs: list[Message]) -> float:
+        async def one(msg: Message) -> object:
+            return await pub.publish(msg[0], msg[1])
+
+        return await _in_tasks(msgs, tasks, one)
 
     return run
 
@@ -134,17 +183,17 @@ def publisher_single(pub: Publisher) -> Mode:
     async def run(msgs: list[Message]) -> float:
         started = time.perf_counter()
         for key, fields in msgs:
-            await pub.publish(key, fields)  # type: ignore[arg-type]
+            await pub.publish(key, fields)
         return time.perf_counter() - started
 
     return run
 
 
-def publisher_batched(pub: Publisher) -> Mode:
+def publisher_batched(pub: Publisher, size: int = BATCH) -> Mode:
     async def run(msgs: list[Message]) -> float:
         started = time.perf_counter()
-        for lo in range(0, len(msgs), BATCH):
-            await pub.publish_many(msgs[lo : lo + BATCH])  # type: ignore[arg-type]
+        for lo in range(0, len(msgs), size):
+            await pub.publish_many(msgs[lo : lo + size])
         return time.perf_counter() - started
 
     return run
@@ -166,6 +215,10 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
         redis_cluster=target.cluster,
     )
     raw = make_client(target)
+    # The publisher's own client has a socket timeout (safe default); redis-py
+    # then arms a timer for every reply it reads. The same client setting on
+    # the raw side shows what that costs, apart from the publisher's own work.
+    raw_timed = make_client(target, socket_timeout=settings.redis_socket_timeout)
     pub = Publisher(PREFIX, GROUP, settings=settings)  # its own Redis client, like an app's
     await pub.start()
     # The same with the built-in metrics middleware and tracing on: an OTel SDK
@@ -180,6 +233,9 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
     )
     observed.tracer = sdk.get_tracer("streamkit")
     await observed.start()
+    # Today's behaviour for the concurrent pattern: every call its own round trip.
+    plain = Publisher(PREFIX, GROUP, settings=settings, coalesce=False)
+    await plain.start()
     msgs = messages(n)
     modes: dict[str, Mode] = {
         "single  raw xadd": raw_single(raw),
@@ -190,7 +246,16 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
         "batched raw, one pipeline": raw_one_pipeline(raw),
         "batched publisher.publish_many": publisher_batched(pub),
         "batched publish_many, metrics+tracing": publisher_batched(observed),
+        "single  publisher, coalescing off": publisher_single(plain),
     }
+    for size in BATCH_SIZES:
+        modes[f"batch {size:<4} raw, one pipeline"] = raw_one_pipeline(raw, size)
+        modes[f"batch {size:<4} publisher.publish_many"] = publisher_batched(pub, size)
+    modes[f"batch {BATCH:<4} raw, one pipeline, socket timeout"] = raw_one_pipeline(raw_timed)
+    for tasks in TASKS:
+        modes[f"{tasks:>3} tasks raw xadd each"] = raw_concurrent(raw, tasks)
+        modes[f"{tasks:>3} tasks publisher, coalescing off"] = publisher_concurrent(plain, tasks)
+        modes[f"{tasks:>3} tasks publisher.publish"] = publisher_concurrent(pub, tasks)
     rates: dict[str, list[float]] = {name: [] for name in modes}
     names = list(modes)
     try:
@@ -211,13 +276,63 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
     finally:
         await pub.aclose()
         await observed.aclose()
+        await plain.aclose()
         await raw.aclose()
+        await raw_timed.aclose()
 
     best = {name: max(values) for name, values in rates.items()}
     print(f"\n{n:,} messages, {SHARDS} shards, {target.kind} Redis, best of {rounds} rounds")
     for name, values in rates.items():
         print(
-            f"  {name:<34}{best[name]:>10,.0f} msgs/s   (median {statistics.median(values):,.0f})"
+            f"  {name:<48}{best[name]:>10,.0f} msgs/s   (median {statistics.median(values):,.0f})"
+        )
+
+    def ratio(label: str, num: str, den: str) -> None:
+        print(f"  {label:<58} = {best[num] / best[den]:.2f}x")
+
+    print()
+    ratio("single: publisher / raw xadd", "single  publisher.publish", "single  raw xadd")
+    ratio(
+        "single: publisher / raw execute_command",
+        "single  publisher.publish",
+        "single  raw execute_command",
+    )
+    ratio(
+        "single: coalescing on / off",
+        "single  publisher.publish",
+        "single  publisher, coalescing off",
+    )
+    ratio(
+        "batch 100: publish_many / raw pipeline per shard",
+        f"batch {BATCH:<4} publisher.publish_many",
+        "batched raw, pipeline per shard",
+    )
+    for size in BATCH_SIZES:
+        ratio(
+            f"batch {size}: publish_many / raw one pipeline",
+            f"batch {size:<4} publisher.publish_many",
+            f"batch {size:<4} raw, one pipeline",
+        )
+    ratio(
+        f"batch {BATCH}: publish_many / raw one pipeline, same socket timeout",
+        f"batch {BATCH:<4} publisher.publish_many",
+        f"batch {BATCH:<4} raw, one pipeline, socket timeout",
+    )
+    for tasks in TASKS:
+        ratio(
+            f"{tasks} tasks: publisher / raw xadd each",
+            f"{tasks:>3} tasks publisher.publish",
+            f"{tasks:>3} tasks raw xadd each",
+        )
+        ratio(
+            f"{tasks} tasks: publisher / raw one pipeline of {BATCH}",
+            f"{tasks:>3} tasks publisher.publish",
+            f"batch {BATCH:<4} raw, one pipeline",
+        )
+        ratio(
+            f"{tasks} tasks: coalescing on / off",
+            f"{tasks:>3} tasks publisher.publish",
+            f"{tasks:>3} tasks publisher, coalescing off",
         )
     single = best["single  publisher.publish"] / best["single  raw xadd"]
     single_cmd = best["single  publisher.publish"] / best["single  raw execute_command"]

@@ -12,7 +12,8 @@ Design (SPEC §5):
   queues behind the others, so shards take turns (round-robin) and none
   starves, even when the member owns far more shards than it has tokens.
 * A session reads without ``BLOCK`` while its shard has a backlog.  Only once
-  a read comes back empty does it block, asking for a single entry, so idle
+  a read comes back empty, or with fewer entries than asked (the stream is
+  drained), does it block, asking for a single entry, so idle
   shards never sit on tokens a busy shard could use.  ``BLOCK`` is bounded by
   the remaining assignment lease, so no read outlives it.
 * Before every read the session asks the member's state machine
@@ -417,8 +418,12 @@ class ShardSession:
             counts = {entry_id: known[entry_id] for entry_id, _ in entries}
             self._idle = not fresh
             return entries + fresh, counts
-        entries = await self._read_new(count, block=self._idle)
-        self._idle = not entries
+        blocked = self._idle
+        entries = await self._read_new(count, block=blocked)
+        # A read without BLOCK that came back short found the stream drained:
+        # block at once next time instead of sending a read certain to be
+        # empty (at low load that read was one of three commands per message).
+        self._idle = not entries if blocked else len(entries) < count
         return entries, {}
 
     async def _interruptibly(self, awaitable: Awaitable[Any]) -> Any:

@@ -48,6 +48,7 @@ import redis.exceptions
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from streamkit.coalescer import CommandCoalescer
 from streamkit.connections import AsyncRedis, connect_redis
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
 from streamkit.errors import StreamkitError
@@ -252,6 +253,12 @@ class Publisher:
     first :meth:`start` or publish. ``clock`` (monotonic seconds) drives the
     routing cache; tests inject a controllable one.
 
+    Concurrent :meth:`publish` calls are sent as one pipeline
+    (``streamkit.coalescer``; ``coalesce=False`` turns that off): a lone call
+    goes out at once, calls made while one is in the air wait one event-loop
+    turn (or ``coalesce_window`` seconds) for others to join. Each call gets
+    its own result and its own error.
+
     Counters for metrics: ``published``, ``retries`` (re-sent messages),
     ``stale_refreshes`` (publishes that found a stale route and refreshed),
     ``routing_failures`` (publishes refused for lack of a usable route).
@@ -279,6 +286,8 @@ class Publisher:
         clock: Callable[[], float] = time.monotonic,
         middlewares: Sequence[Middleware] = (),
         trace_context_field: str | None = "traceparent",
+        coalesce: bool = True,
+        coalesce_window: float = 0.0,
     ) -> None:
         if maxlen is not None and maxlen < 0:
             raise ValueError(f"maxlen must be >= 0, got {maxlen}")
@@ -312,6 +321,18 @@ class Publisher:
             consumer_group,
             clock=clock,
             on_finished=self._refresh_finished,
+        )
+        # Concurrent publish() calls share one pipeline (streamkit.coalescer);
+        # off, each call is its own round trip.
+        self._coalescer: CommandCoalescer | None = (
+            CommandCoalescer(
+                self._redis.execute_command,
+                self._send_pipeline,
+                window=coalesce_window,
+                max_batch=self.max_batch,
+            )
+            if coalesce
+            else None
         )
         self._snap = _EMPTY
         # Until this clock value the hot path may route from `_snap` without
@@ -510,7 +531,10 @@ class Publisher:
                 snap, index = await self._route_slow(partition_key)
             seq = self._refresher.started
             try:
-                reply = await self._redis.execute_command(*snap.heads[index], *args)
+                if self._coalescer is None:
+                    reply = await self._redis.execute_command(*snap.heads[index], *args)
+                else:
+                    reply = await self._coalescer.execute(*snap.heads[index], *args)
             except _RETRYABLE as exc:
                 if attempt >= self.max_attempts or _fatal(exc):
                     raise
@@ -524,6 +548,12 @@ class Publisher:
                     raise self._stale_error(snap, index, "routing kept changing")
                 self.retries += 1
             attempt += 1
+
+    async def _send_pipeline(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        pipe = self._redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return await pipe.execute(raise_on_error=False)
 
     async def publish_many(
         self, items: Iterable[tuple[PartitionKey, Fields]]
@@ -612,6 +642,11 @@ class Publisher:
     def tracer(self, tracer: trace.Tracer) -> None:
         self._tracer = tracer
         self._tracing = True
+
+    @property
+    def coalescer(self) -> CommandCoalescer | None:
+        """What turns concurrent ``publish`` calls into pipelines (None when off)."""
+        return self._coalescer
 
     @property
     def routing_cache(self) -> RoutingCache:
