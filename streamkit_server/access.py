@@ -41,6 +41,14 @@ ROUTE_ROLES: Final[dict[str, Role | None]] = {
     "listReshardingMigrations": Role.READ,
     "getStreamShardOffsets": Role.READ,
     "getStreamShardMessages": Role.READ,
+    "listGrafanaGroups": Role.READ,
+    "listGrafanaStreamOptions": Role.READ,
+    "listGrafanaConsumerGroupOptions": Role.READ,
+    "listGrafanaShardOptions": Role.READ,
+    "listGrafanaMemberRows": Role.READ,
+    "listGrafanaShardRows": Role.READ,
+    "listGrafanaAssignmentRows": Role.READ,
+    "listGrafanaMessageRows": Role.READ,
     # Its labels name streams and groups.
     "/metrics": Role.READ,
     # Consumers

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from streamkit.protocol import HealthStatus
-from streamkit_server.api import admin, auth, members, monitoring, resharding
+from streamkit_server.api import admin, auth, grafana, members, monitoring, resharding
 from streamkit_server.api.audit import AuditMiddleware
 from streamkit_server.api.deps import authorize
 from streamkit_server.api.errors import BodyLimitMiddleware, install_error_handlers
@@ -83,7 +83,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     # Outermost, so it also sees the body limit's 413s.
     app.add_middleware(AuditMiddleware)
-    for module in (auth, admin, resharding, members, monitoring):
+    for module in (auth, admin, resharding, members, monitoring, grafana):
         app.include_router(module.router)
 
     @app.get("/metrics", include_in_schema=False)

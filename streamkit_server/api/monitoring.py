@@ -67,7 +67,7 @@ def _json(model: Any) -> JSONResponse:
     return JSONResponse(model.to_wire())
 
 
-async def _group(request: Request, keys: GroupKeys) -> GroupMetadata:
+async def load_group(request: Request, keys: GroupKeys) -> GroupMetadata:
     return await runtime(request).service.read_group(keys)
 
 
@@ -127,7 +127,7 @@ async def list_groups(request: Request, _p: Caller) -> JSONResponse:
     _GROUP, operation_id="getMonitoringGroup", response_model=GroupResponse, responses=_NOT_FOUND
 )
 async def get_group(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
-    return _json(views.group_response(await _group(request, keys)))
+    return _json(views.group_response(await load_group(request, keys)))
 
 
 @router.get(
@@ -137,7 +137,7 @@ async def get_group(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
     responses=_NOT_FOUND,
 )
 async def members(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
-    group = await _group(request, keys)
+    group = await load_group(request, keys)
     return _json(MemberListResponse(members=views.member_views(group, now_ms())))
 
 
@@ -148,7 +148,7 @@ async def members(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
     responses=_NOT_FOUND,
 )
 async def assignments(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
-    return _json(views.assignments(await _group(request, keys)))
+    return _json(views.assignments(await load_group(request, keys)))
 
 
 @router.get(
@@ -158,7 +158,7 @@ async def assignments(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
     responses=_NOT_FOUND,
 )
 async def consumption(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
-    return _json(views.consumption(await _group(request, keys)))
+    return _json(views.consumption(await load_group(request, keys)))
 
 
 @router.get(
@@ -168,7 +168,7 @@ async def consumption(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
     responses=_NOT_FOUND,
 )
 async def migrations(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
-    return JSONResponse(views.migrations(await _group(request, keys)))
+    return JSONResponse(views.migrations(await load_group(request, keys)))
 
 
 def _text(value: Any) -> str:
@@ -220,7 +220,7 @@ async def _shard_facts(client: RedisClient, group: GroupMetadata, shard: int) ->
     responses=_NOT_FOUND,
 )
 async def offsets(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
-    group = await _group(request, keys)
+    group = await load_group(request, keys)
     client = runtime(request).client
     limit = asyncio.Semaphore(32)
 
@@ -251,7 +251,7 @@ async def messages(
 ) -> JSONResponse:
     # Checked before anything is loaded: bad input is a 400 whatever exists.
     position = _parse_cursor(cursor) if cursor is not None else None
-    group = await _group(request, keys)
+    group = await load_group(request, keys)
     if shardIndex not in group.known_shards():
         raise ApiError(
             404, "SHARD_NOT_FOUND", f"shard {shardIndex} is not a shard of this group "
