@@ -14,10 +14,10 @@ from typing import Final
 
 from redis.commands.core import AsyncScript
 
-from streamkit_server.errors import ApiError
+from streamkit_server.errors import CoordinatorError
 from streamkit_server.store import RedisClient
 
-__all__ = ["RateLimiter"]
+__all__ = ["RateLimited", "RateLimiter"]
 
 # KEYS[1] counter; ARGV: window ms, limit, cost.  Returns the window's
 # remaining ms once the count exceeds the limit, else -1.
@@ -37,6 +37,14 @@ if count > tonumber(ARGV[2]) then
 end
 return -1
 """
+
+
+class RateLimited(CoordinatorError):
+    """Over a limit: ``TOO_MANY_REQUESTS``, answered 429 with ``Retry-After``."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__("TOO_MANY_REQUESTS", message)
+        self.retry_after_s = retry_after_s
 
 
 class RateLimiter:
@@ -60,9 +68,4 @@ class RateLimiter:
         remaining = int(await self._script(keys=[key], args=[window_ms, limit, cost]))
         if remaining >= 0:
             seconds = max(1, -(-remaining // 1000))
-            raise ApiError(
-                429,
-                "TOO_MANY_REQUESTS",
-                f"too many {kind} requests; retry in {seconds} s",
-                headers={"Retry-After": str(seconds)},
-            )
+            raise RateLimited(f"too many {kind} requests; retry in {seconds} s", seconds)
