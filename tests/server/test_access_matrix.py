@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import TEST_TOKEN_SECRET, CoordinatorProcess
 from streamkit_server.access import PUBLIC_PATHS, ROUTE_ROLES
 from streamkit_server.api import create_app
-from streamkit_server.principals import hash_password, parse_principals
+from streamkit_server.principals import hash_password, parse_principals, verify_password
 from streamkit_server.security import Authenticator, AuthError, Principal, Role
 from streamkit_server.settings import ServerSettings
 
@@ -240,3 +241,17 @@ async def test_failed_logins_are_limited_audited_and_no_secret_reaches_the_log(
     for secret in (*PASSWORDS.values(), "guess-1234", TEST_TOKEN_SECRET, coord.admin_password,
                    token, token.split(".")[1]):  # fmt: skip
         assert secret not in log
+
+
+def test_the_cli_hashes_a_password_for_a_principals_document() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "streamkit_server", "hash-password"],
+        input="s3cret-pass\n", capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    stored = done.stdout.strip()
+    assert verify_password("s3cret-pass", stored) and not verify_password("other", stored)
+    assert "s3cret-pass" not in done.stdout + done.stderr
+    entry = {"username": "u", "passwordHash": stored, "roles": ["ADMIN"]}
+    assert parse_principals(json.dumps([entry]))["u"].roles == {"ADMIN"}
+    with pytest.raises(ValueError, match="unknown roles"):
+        parse_principals(json.dumps([{**entry, "roles": ["ROOT"]}]))
