@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 
 
 async def test_fuzzing_finds_no_server_error_and_no_schema_mismatch(
-    redis_server: RedisServer,
+    redis_server: RedisServer, tmp_path: Path
 ) -> None:
     redis_server.flushall()
     with CoordinatorProcess(redis_server.url) as coord:
@@ -35,7 +35,8 @@ async def test_fuzzing_finds_no_server_error_and_no_schema_mismatch(
             "--checks", "not_a_server_error,response_schema_conformance",
             "--phases", "examples,fuzzing", "--max-examples", "10",
             "--request-timeout", "5", "--mode", "all",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            # Its crash cache goes to the temporary directory, not the checkout.
+            cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
         output, _ = await asyncio.wait_for(proc.communicate(), 300)
         text = output.decode(errors="replace")
