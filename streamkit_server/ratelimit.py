@@ -10,14 +10,20 @@ runaway loops.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Final
 
 from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
 
 from streamkit_server.errors import CoordinatorError
 from streamkit_server.store import RedisClient
 
 __all__ = ["RateLimited", "RateLimiter"]
+
+log = logging.getLogger("streamkit_server.ratelimit")
+_TIMEOUT_S: Final = 0.5
 
 # KEYS[1] counter; ARGV: window ms, limit, cost.  Returns the window's
 # remaining ms once the count exceeds the limit, else -1.
@@ -65,7 +71,18 @@ class RateLimiter:
         if limit <= 0:  # 0 turns a limit off
             return
         key = f"{self._prefix}:{kind}:{ident}"
-        remaining = int(await self._script(keys=[key], args=[window_ms, limit, cost]))
+        try:
+            remaining = int(
+                await asyncio.wait_for(
+                    self._script(keys=[key], args=[window_ms, limit, cost]), _TIMEOUT_S
+                )
+            )
+        except (RedisError, OSError, TimeoutError) as exc:
+            # Fail open: a limiter key on a slow or unreachable node (Redis
+            # Cluster) must not make every request wait or fail; the request
+            # itself still needs its own keys.
+            log.warning("rate limit %s not checked: %s", kind, type(exc).__name__)
+            return
         if remaining >= 0:
             seconds = max(1, -(-remaining // 1000))
             raise RateLimited(f"too many {kind} requests; retry in {seconds} s", seconds)
