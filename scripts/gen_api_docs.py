@@ -14,7 +14,6 @@ from what this script produces, so the reference cannot drift from the code.
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -37,28 +36,22 @@ def build_app() -> Any:
     return create_app(settings, admin_password="unused", token_secret=b"unused")
 
 
-# -- access rules, read from the routes' dependencies ---------------------------------
-
-
-def _walk(dependant: Any) -> Iterable[Any]:
-    for dep in dependant.dependencies:
-        yield dep.call
-        yield from _walk(dep)
+# -- access rules, from the access matrix ---------------------------------
 
 
 def _access(route: Any, operation: dict[str, Any]) -> str:
-    from streamkit_server.api import deps
+    # The one matrix every route consults (streamkit_server/access.py).
+    from streamkit_server.access import ROUTE_ROLES
+    from streamkit_server.security import Role
 
-    for call in _walk(route.dependant):
-        if call is deps.require_member:
-            return (
-                "Basic or Bearer, role `MEMBER` (open only with the unsafe "
-                "`STREAMKIT_SERVER_INSECURE_MEMBER_API=true`)"
-            )
-        if getattr(call, "__qualname__", "").startswith("require."):
-            role = inspect.getclosurevars(call).nonlocals.get("role")
-            if role is not None:
-                return f"Basic or Bearer, role `{role}`"
+    role = ROUTE_ROLES[route.operation_id]
+    if role is Role.MEMBER:
+        return (
+            "Basic or Bearer, role `MEMBER` (open only with the unsafe "
+            "`STREAMKIT_SERVER_INSECURE_MEMBER_API=true`)"
+        )
+    if role is not None:
+        return f"Basic or Bearer, role `{role}`"
     if operation.get("security") == []:
         return "none"
     return "none (credentials are optional)"
@@ -191,7 +184,8 @@ page and the code disagree. -->
 This page is generated from the OpenAPI document of `streamkit_server`
 (title *{title}*, version `{version}`). A running coordinator serves the same
 document live at `/openapi.json`, with an interactive explorer at `/docs`;
-both are unauthenticated, like `/healthz` and `/metrics`, which are left out
+both are unauthenticated, like `/healthz`, `/livez` and `/readyz`; these and
+`/metrics` (role `READ`) are left out
 of the document.
 
 Conventions that hold for every operation below:
@@ -203,12 +197,12 @@ Conventions that hold for every operation below:
   `{{"status": "<HTTP code as a string>", "errorCode": ..., "message": ...}}`.
   The error codes are listed in
   [Coordinator operations](operations.md#error-codes).
-- FastAPI adds a `422 Validation Error` (`HTTPValidationError`) entry to every
-  operation that takes parameters or a body. The server never sends that
-  shape: a request that fails validation is answered `400` with errorCode
-  `INVALID_REQUEST` (or `MALFORMED_JSON`). The only `422` it sends is
-  `GROUP_NOT_INACTIVE` from `deleteCoordinatorGroup`.
-- *Access* is read from the route's dependencies: the role a caller needs,
+- A request that fails validation is answered `400` with errorCode
+  `INVALID_REQUEST` (or `MALFORMED_JSON`), and the document declares that
+  `400` (FastAPI's default `422 HTTPValidationError` is removed). A `422` is
+  only sent as an `ErrorResponse` for the rule refusals listed per operation.
+- *Access* is from the endpoint → role matrix (`streamkit_server/access.py`):
+  the role a caller needs,
   sent as HTTP Basic credentials or as a bearer token from
   `loginCoordinatorApi`. See
   [authentication](operations.md#authentication).

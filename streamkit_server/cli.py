@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import logging
 import secrets
 import sys
@@ -24,7 +25,9 @@ from redis.exceptions import RedisError
 from streamkit.version import package_version
 from streamkit_server.api import create_app
 from streamkit_server.api.runtime import Runtime, make_redis_client
+from streamkit_server.principals import hash_password
 from streamkit_server.settings import ServerSettings
+from streamkit_server.token_versions import revoke
 
 __all__ = ["main", "parse_settings", "preflight"]
 
@@ -52,7 +55,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> ServerSettings:
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     for name, field in ServerSettings.model_fields.items():
         env = f"STREAMKIT_SERVER_{name.upper()}"
-        default = "(generated at start-up)" if field.default is None else field.default
+        default: Any = field.default
+        if default is None:
+            generated = name in {"admin_password", "token_secret"}
+            default = "(generated at start-up)" if generated else "(none)"
         if field.annotation is bool:
             parser.add_argument(
                 _flag(name), dest=name, nargs="?", const="true", default=None, metavar="BOOL",
@@ -143,9 +149,48 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _hash_password() -> int:
+    """``streamkit-server hash-password``: a hash for a principals document."""
+    password = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline()
+    password = password.rstrip("\n")
+    if not password.strip():
+        print("streamkit-server: the password must not be blank", file=sys.stderr)
+        return 2
+    print(hash_password(password))
+    return 0
+
+
+async def _revoke(settings: ServerSettings, username: str) -> int:
+    client = make_redis_client(settings)
     try:
-        settings = parse_settings(argv)
+        return await revoke(client, settings.key_prefix, username)
+    finally:
+        await client.aclose()
+
+
+def _revoke_tokens(argv: Sequence[str]) -> int:
+    """``streamkit-server revoke-tokens USER [settings flags]``: on every process at once."""
+    if not argv or argv[0].startswith("-"):
+        print("usage: streamkit-server revoke-tokens USERNAME [--redis-url ...]", file=sys.stderr)
+        return 2
+    try:
+        settings = parse_settings(argv[1:])
+        version = asyncio.run(_revoke(settings, argv[0]))
+    except (ValidationError, RedisError, OSError) as exc:
+        print(f"streamkit-server: cannot revoke: {type(exc).__name__}", file=sys.stderr)
+        return 1
+    print(f"revoked the tokens of {argv[0]!r} (token version now {version})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["hash-password"]:
+        return _hash_password()
+    if args[:1] == ["revoke-tokens"]:
+        return _revoke_tokens(args[1:])
+    try:
+        settings = parse_settings(args)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])

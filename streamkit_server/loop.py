@@ -13,6 +13,7 @@ drain probes, retirement) under the stream lock, so one process at a time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -22,6 +23,7 @@ from redis.exceptions import RedisError, ResponseError
 from streamkit_server.core import next_deadline_ms
 from streamkit_server.errors import Rejected
 from streamkit_server.gate import CoordinatorTerminating
+from streamkit_server.gauges import GroupGauges, group_gauges
 from streamkit_server.mutex import MutexTimeout
 from streamkit_server.resharding import ReshardingService
 from streamkit_server.service import CoordinatorService, now_ms
@@ -49,6 +51,7 @@ class TickLoop:
         self.last_error: str | None = None
         self.running = False
         self._last_rebuild = 0.0
+        self._exported: set[tuple[str, str]] = set()
 
     def lag_seconds(self) -> float | None:
         """Seconds since the last pass started beyond one interval (None before the first)."""
@@ -93,6 +96,7 @@ class TickLoop:
             await store.rebuild_index()
         streams: dict[str, list[str]] = {}
         migrating: set[str] = set()
+        seen: set[tuple[str, str]] = set()
         for prefix, group in await store.indexed_groups():
             if service.gate.terminating:
                 return
@@ -102,6 +106,8 @@ class TickLoop:
                 loaded = await store.load(keys)
                 if loaded is None:
                     continue
+                seen.add((prefix, group))
+                self._export(prefix, group, group_gauges(loaded.group, now_ms()))
                 if loaded.group.active_migration() is not None:
                     migrating.add(prefix)
                 due = next_deadline_ms(loaded.group, service.config)
@@ -112,10 +118,29 @@ class TickLoop:
                 continue  # someone else is in the group's critical section
             except StoreError as exc:
                 log.error("not ticking %s: %s", keys.metadata, exc)
+        self._forget(seen)
         if self.resharding is not None:
             for prefix in sorted(migrating):
                 await self._advance(self.resharding, prefix, streams[prefix])
             self.resharding.forget_ages(migrating)
+
+    def _export(self, prefix: str, group: str, gauges: GroupGauges) -> None:
+        metrics = self.service.metrics
+        metrics.member_heartbeat_age.labels(prefix, group).set(gauges.heartbeat_age_seconds)
+        metrics.revoke_pending.labels(prefix, group).set(gauges.revoke_pending)
+        metrics.revoking_shards.labels(prefix, group).set(gauges.revoking_shards)
+        metrics.consumer_shard_pending.labels(prefix, group).set(gauges.pending_shards)
+        self._exported.add((prefix, group))
+
+    def _forget(self, seen: set[tuple[str, str]]) -> None:
+        # Deleted groups drop their series: cardinality follows the live groups.
+        metrics = self.service.metrics
+        for labels in self._exported - seen:
+            for gauge in (metrics.member_heartbeat_age, metrics.revoke_pending,
+                          metrics.revoking_shards, metrics.consumer_shard_pending):  # fmt: skip
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*labels)
+        self._exported &= seen
 
     async def _advance(self, resharding: ReshardingService, prefix: str, groups: list[str]) -> None:
         try:

@@ -127,6 +127,31 @@ class Metrics:
             "Scale requests whose new shard streams could not be provisioned.",
             registry=r,
         )
+        group = ["stream_prefix", "consumer_group"]
+        self.member_heartbeat_age = Gauge(
+            "redis_stream_coord_member_heartbeat_age_seconds",
+            "Oldest last heartbeat among the group's live members (alert near the lease TTL).",
+            group,
+            registry=r,
+        )
+        self.revoke_pending = Gauge(
+            "redis_stream_coord_revoke_pending",
+            "Live members of the group holding a shard they must give up.",
+            group,
+            registry=r,
+        )
+        self.revoking_shards = Gauge(
+            "redis_stream_coord_revoking_shards",
+            "Shards of the group held by a member other than their target owner.",
+            group,
+            registry=r,
+        )
+        self.consumer_shard_pending = Gauge(
+            "redis_stream_coord_consumer_shard_pending",
+            "Target shards of the group whose new owner waits for a revoke to finish.",
+            group,
+            registry=r,
+        )
         self.redis_errors = Counter(
             "redis_stream_coord_redis_errors_total",
             "Requests failed because Redis was unreachable or timed out.",

@@ -141,6 +141,22 @@ class Provisioner:
 
         await self._each(shards, one)
 
+    async def destroy_group(self, stream_prefix: str, shards: Sequence[int], group: str) -> None:
+        """Remove the Redis consumer group ``group`` from the shard streams.
+
+        A leftover group keeps its pending entries and lag forever, which
+        would block every later drain proof of those shards.  A missing
+        stream or group is fine (XGROUP DESTROY answers 0; a missing key
+        is checked first because DESTROY on it is an error).
+        """
+
+        async def one(index: int) -> None:
+            key = stream_key(stream_prefix, index)
+            if await self.client.exists(key):
+                await self.client.xgroup_destroy(key, group)
+
+        await self._each(shards, one)
+
     async def _each(self, shards: Sequence[int], fn: _ShardFn) -> None:
         # The first failure is raised as itself (not as an ExceptionGroup), so
         # callers can tell a Redis error from anything else.

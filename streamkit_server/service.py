@@ -554,6 +554,11 @@ class CoordinatorService:
                 await self.store.update_stream_record(
                     prefix, replace(record, groups=rest).groups_field()
                 )
+            # Under the stream lock, so a concurrent re-create of the group
+            # cannot have its fresh Redis groups destroyed.
+            await self.provisioner.destroy_group(
+                prefix, sorted(snapshot.known_shards()), keys.consumer_group
+            )
         return views.group_response(snapshot)
 
     async def _refuse_collisions(self, stream_prefix: str, shards: Sequence[int]) -> None:

@@ -7,10 +7,13 @@ because it would look configured while protecting nothing.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamkit_server.core import MAX_SHARD_COUNT, CoordinatorConfig
+from streamkit_server.principals import PrincipalEntry, parse_principals
 
 __all__ = ["ServerSettings"]
 
@@ -29,7 +32,15 @@ class ServerSettings(BaseSettings):
     # None: a random secret created once in Redis (SET NX) and shared by every
     # coordinator process on that Redis, so their tokens are interchangeable.
     token_secret: SecretStr | None = None
-    token_ttl_seconds: int = Field(default=7 * 24 * 3600, ge=1)
+    # Accepted (never used to sign) so a secret rotation needs no downtime:
+    # set the new TOKEN_SECRET with the old one here, drop it after one TTL.
+    token_secret_previous: SecretStr | None = None
+    # Short-lived: clients log in again on a 401 (see streamkit.coordinator_client).
+    token_ttl_seconds: int = Field(default=3600, ge=1)
+    # Principals besides the bootstrap admin: a JSON list of
+    # {"username", "passwordHash", "roles"} inline, or in a file (see principals).
+    principals: str | None = None
+    principals_file: str | None = None
     key_prefix: str = Field(default="redis-stream:coord", min_length=1)
     heartbeat_interval_ms: int = Field(default=3_000, ge=1)
     member_lease_ttl_ms: int = Field(default=15_000, ge=1)
@@ -55,6 +66,16 @@ class ServerSettings(BaseSettings):
     # COORDINATOR_TERMINATING (so clients on open connections move to another
     # coordinator) before it closes its listener and exits.
     shutdown_grace_ms: int = Field(default=1_000, ge=0)
+    # Rate limits (0 turns one off), shared by every process through Redis.
+    # Failed logins (login endpoint and Basic credentials) per minute, per
+    # username tried and per client address: brute force, never a healthy fleet.
+    login_failures_per_minute: int = Field(default=10, ge=0)
+    login_failures_per_client_per_minute: int = Field(default=30, ge=0)
+    # Admin mutations (WRITE routes) per principal per minute.
+    admin_mutations_per_minute: int = Field(default=600, ge=0)
+    # Heartbeats per group per heartbeat interval, as a multiple of the most
+    # members a group may have: each member sends one per interval.
+    heartbeat_rate_multiple: int = Field(default=10, ge=0)
     log_level: str = "info"
     access_log: bool = False
 
@@ -63,14 +84,33 @@ class ServerSettings(BaseSettings):
         if not self.admin_username.strip():
             raise ValueError("STREAMKIT_SERVER_ADMIN_USERNAME must not be blank")
         for name, secret in (("ADMIN_PASSWORD", self.admin_password),
-                             ("TOKEN_SECRET", self.token_secret)):  # fmt: skip
+                             ("TOKEN_SECRET", self.token_secret),
+                             ("TOKEN_SECRET_PREVIOUS", self.token_secret_previous)):  # fmt: skip
             if secret is not None and not secret.get_secret_value().strip():
                 raise ValueError(
                     f"STREAMKIT_SERVER_{name} is empty or blank; unset it to have one "
                     "generated, or give a real value"
                 )
         self.coordinator_config()  # raises ValueError on inconsistent timings
+        self.principal_entries()  # raises ValueError on a malformed principals document
         return self
+
+    def principal_entries(self) -> dict[str, PrincipalEntry]:
+        out: dict[str, PrincipalEntry] = {}
+        if self.principals:
+            out.update(parse_principals(self.principals))
+        if self.principals_file:
+            try:
+                text = Path(self.principals_file).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ValueError(f"cannot read the principals file: {exc.strerror}") from None
+            for name, entry in parse_principals(text).items():
+                if name in out:
+                    raise ValueError(f"principal {name!r} is listed twice")
+                out[name] = entry
+        if self.admin_username in out:
+            raise ValueError(f"principal {self.admin_username!r} is also the bootstrap admin")
+        return out
 
     def coordinator_config(self) -> CoordinatorConfig:
         return CoordinatorConfig(

@@ -78,7 +78,9 @@ def _expected_default(name: str) -> str:
         value = field.default
     assert value is not PydanticUndefined, f"{name} has no default; document it by hand"
     if value is None:
-        return "generated"  # secrets without a value are generated at start-up
+        # The two secrets without a value are generated at start-up; other
+        # optional settings are simply absent.
+        return "generated" if name in {"admin_password", "token_secret"} else "none"
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
 
 from streamkit.protocol import (
     API_PREFIX,
@@ -21,23 +15,19 @@ from streamkit.protocol import (
     StreamCreateResponse,
 )
 from streamkit_server import views
+from streamkit_server.api.audit import audited
 from streamkit_server.api.bodies import (
     CreateGroupRequest,
     CreateStreamRequest,
     DeleteGroupRequest,
 )
-from streamkit_server.api.deps import group_keys, require, runtime
-from streamkit_server.api.errors import status_for
+from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
 from streamkit_server.errors import Rejected
 from streamkit_server.provisioning import validate_stream_prefix
-from streamkit_server.security import Principal, Role
 from streamkit_server.store import GroupKeys
 
-router = APIRouter(prefix=API_PREFIX)
-audit_log = logging.getLogger("streamkit_server.audit")
+router = APIRouter(prefix=API_PREFIX, dependencies=[AUTHORIZE])
 
-Reader = Annotated[Principal, Depends(require(Role.READ))]
-Writer = Annotated[Principal, Depends(require(Role.WRITE))]
 Keys = Annotated[GroupKeys, Depends(group_keys)]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -51,45 +41,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-@asynccontextmanager
-async def audited(
-    request: Request,
-    principal: Principal,
-    action: str,
-    body: BaseModel,
-    stream_prefix: str,
-    consumer_group: str | None,
-    reason: str | None,
-    success_status: int = 200,
-) -> AsyncIterator[None]:
-    """One audit record per admin mutation, whatever its outcome (SPEC §6)."""
-    started = time.perf_counter()
-    fingerprint = hashlib.sha256(body.model_dump_json(by_alias=True).encode()).hexdigest()[:16]
-    status = success_status
-    try:
-        yield
-    except Exception as exc:
-        status = status_for(exc)
-        raise
-    finally:
-        audit_log.info(
-            "action=%s outcome=%s status=%d principal=%s roles=%s requestId=%s body=%s "
-            "client=%s durationMs=%.1f streamPrefix=%s consumerGroup=%s reason=%r",
-            action,
-            "success" if status < 400 else "failure",
-            status,
-            principal.username,
-            ",".join(sorted(principal.roles)),
-            request.headers.get("x-request-id", "-"),
-            fingerprint,
-            request.client.host if request.client else "-",
-            (time.perf_counter() - started) * 1000,
-            stream_prefix,
-            consumer_group or "-",
-            reason,
-        )
-
-
 @router.post(
     "/streams/{streamPrefix}",
     operation_id="createStreamGroup",
@@ -99,12 +50,10 @@ async def audited(
     responses={409: {"model": ErrorResponse, "description": "Stream exists."}, **_ERRORS},
 )
 async def create_stream(
-    request: Request, streamPrefix: str, body: CreateStreamRequest, principal: Writer
+    request: Request, streamPrefix: str, body: CreateStreamRequest, principal: Caller
 ) -> JSONResponse:
     validate_stream_prefix(streamPrefix)
-    async with audited(
-        request, principal, "createStream", body, streamPrefix, None, body.reason, 201
-    ):
+    async with audited(request):
         result = await runtime(request).service.create_stream(streamPrefix, body, body.ordering)
     return JSONResponse(result.to_wire(), status_code=201)
 
@@ -118,12 +67,9 @@ async def create_stream(
     responses={409: {"model": ErrorResponse, "description": "Group exists."}, **_ERRORS},
 )
 async def create_group(
-    request: Request, keys: Keys, body: CreateGroupRequest, principal: Writer
+    request: Request, keys: Keys, body: CreateGroupRequest, principal: Caller
 ) -> JSONResponse:
-    async with audited(
-        request, principal, "createGroup", body, keys.stream_prefix, keys.consumer_group,
-        body.reason, 201,
-    ):  # fmt: skip
+    async with audited(request):
         result = await runtime(request).service.create_group(keys, body, body.ordering)
     return JSONResponse(result.to_wire(), status_code=201)
 
@@ -135,7 +81,7 @@ async def create_group(
     response_model=GroupResponse,
     responses={404: {"model": ErrorResponse, "description": "Group not found."}, **_ERRORS},
 )
-async def get_group(request: Request, keys: Keys, principal: Reader) -> JSONResponse:
+async def get_group(request: Request, keys: Keys, principal: Caller) -> JSONResponse:
     group = await runtime(request).service.read_group(keys)
     return JSONResponse(views.group_response(group).to_wire())
 
@@ -152,12 +98,9 @@ async def get_group(request: Request, keys: Keys, principal: Reader) -> JSONResp
     },
 )
 async def delete_group(
-    request: Request, keys: Keys, body: DeleteGroupRequest, principal: Writer
+    request: Request, keys: Keys, body: DeleteGroupRequest, principal: Caller
 ) -> JSONResponse:
-    async with audited(
-        request, principal, "deleteGroup", body, keys.stream_prefix, keys.consumer_group,
-        body.reason,
-    ):  # fmt: skip
+    async with audited(request):
         result = await runtime(request).service.delete_group(keys, body)
     return JSONResponse(result.to_wire())
 
@@ -169,7 +112,7 @@ async def delete_group(
     response_model=ProducerRoutingResponse,
     responses={404: {"model": ErrorResponse, "description": "Group not found."}, **_ERRORS},
 )
-async def producer_routing(request: Request, keys: Keys, principal: Reader) -> JSONResponse:
+async def producer_routing(request: Request, keys: Keys, principal: Caller) -> JSONResponse:
     service = runtime(request).service
     try:
         group = await service.read_group(keys)

@@ -12,13 +12,46 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from streamkit_server.api import admin, auth, members, monitoring, resharding
+from streamkit.protocol import HealthStatus
+from streamkit_server.api import admin, auth, grafana, members, monitoring, resharding
+from streamkit_server.api.audit import AuditMiddleware
 from streamkit_server.api.console import mount_console
+from streamkit_server.api.deps import authorize
 from streamkit_server.api.errors import BodyLimitMiddleware, install_error_handlers
 from streamkit_server.api.runtime import Runtime
 from streamkit_server.settings import ServerSettings
 
 __all__ = ["create_app"]
+
+
+_VALIDATION_REF = "#/components/schemas/HTTPValidationError"
+_ERROR_REF = "#/components/schemas/ErrorResponse"
+
+
+def _declare_400_not_422(schema: dict[str, Any]) -> None:
+    """Declare the 400 ``ErrorResponse`` invalid input really gets (api/errors.py).
+
+    FastAPI adds a 422 ``HTTPValidationError`` to every operation with
+    parameters; this server never sends that body.  Declared 422s with an
+    ``ErrorResponse`` (rule refusals such as SHARD_COUNT_UNCHANGED) stay.
+    """
+    for item in schema.get("paths", {}).values():
+        for operation in item.values():
+            responses = operation.get("responses", {}) if isinstance(operation, dict) else {}
+            declared = responses.get("422", {})
+            ref = declared.get("content", {}).get("application/json", {}).get("schema", {})
+            if ref.get("$ref") == _VALIDATION_REF:
+                del responses["422"]
+                responses.setdefault(
+                    "400",
+                    {
+                        "description": "Invalid request (INVALID_REQUEST and friends).",
+                        "content": {"application/json": {"schema": {"$ref": _ERROR_REF}}},
+                    },
+                )
+    components = schema.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
 
 
 def create_app(
@@ -49,12 +82,15 @@ def create_app(
     app.state.runtime = runtime
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    for module in (auth, admin, resharding, members, monitoring):
+    # Outermost, so it also sees the body limit's 413s.
+    app.add_middleware(AuditMiddleware)
+    for module in (auth, admin, resharding, members, monitoring, grafana):
         app.include_router(module.router)
     mount_console(app)
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        await authorize(request)  # READ: its labels name streams and groups
         return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", include_in_schema=False)
@@ -69,6 +105,18 @@ def create_app(
             {"status": "UP", "coordinatorId": runtime.coordinator_id, "pid": os.getpid()}
         )
 
+    @app.get("/livez", include_in_schema=False)
+    async def livez() -> Response:
+        # Unauthenticated liveness for orchestrators: the process answers.
+        return Response(status_code=204)
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> Response:
+        # Unauthenticated readiness, no details (getCoordinatorHealth has the reasons).
+        down = (await runtime.health()).status is HealthStatus.DOWN
+        ready = not runtime.gate.terminating and not down
+        return Response(status_code=204 if ready else 503)
+
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
@@ -78,6 +126,7 @@ def create_app(
                 "bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "HMAC-SHA256"},
             }
             schema["security"] = [{"bearerAuth": []}, {"basicAuth": []}]
+            _declare_400_not_422(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

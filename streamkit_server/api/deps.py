@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
+from fastapi.routing import APIRoute
 
+from streamkit_server.access import required_role
 from streamkit_server.api.runtime import Runtime
 from streamkit_server.errors import ApiError
 from streamkit_server.provisioning import validate_consumer_group, validate_stream_prefix
-from streamkit_server.security import AuthError, Principal, Role
+from streamkit_server.security import AuthError, Principal, Role, basic_username
 from streamkit_server.store import GroupKeys
+from streamkit_server.token_versions import current_version
 
-__all__ = ["group_keys", "optional_principal", "require", "require_member", "runtime"]
+__all__ = [
+    "AUTHORIZE",
+    "Caller",
+    "authorize",
+    "check_role",
+    "group_keys",
+    "login_guard",
+    "optional_principal",
+    "route_key",
+    "runtime",
+]
 
 
 def runtime(request: Request) -> Runtime:
@@ -20,13 +33,56 @@ def runtime(request: Request) -> Runtime:
     return rt
 
 
-def optional_principal(request: Request) -> Principal | None:
-    """The caller, if it sent credentials (invalid ones still raise 401)."""
-    return runtime(request).authenticator.authenticate(request.headers.get("authorization"))
+_MINUTE_MS = 60_000
 
 
-def _check(request: Request, role: Role) -> Principal:
-    principal = optional_principal(request)
+def _client_address(request: Request) -> str:
+    return request.client.host if request.client else "-"
+
+
+async def login_guard(request: Request, username: str | None, *, failed: bool) -> None:
+    """Look at (``failed``: count) failed logins by name tried and by address; 429 when over."""
+    rt = runtime(request)
+    if rt.limiter is None:
+        return
+    cost = 1 if failed else 0
+    settings = rt.settings
+    await rt.limiter.check(
+        "login-client", _client_address(request), window_ms=_MINUTE_MS,
+        limit=settings.login_failures_per_client_per_minute, cost=cost,
+    )  # fmt: skip
+    if username:
+        await rt.limiter.check(
+            "login-user", username, window_ms=_MINUTE_MS,
+            limit=settings.login_failures_per_minute, cost=cost,
+        )  # fmt: skip
+
+
+async def optional_principal(request: Request) -> Principal | None:
+    """The caller, if it sent credentials (invalid or revoked ones still raise 401)."""
+    rt = runtime(request)
+    header = request.headers.get("authorization")
+    tried = basic_username(header)
+    if tried is not None:
+        await login_guard(request, tried, failed=False)
+    try:
+        principal = rt.authenticator.authenticate(header)
+    except AuthError:
+        if tried is not None:
+            await login_guard(request, tried, failed=True)
+        raise
+    if principal is not None and principal.token_version is not None:
+        # One HGET per bearer request: a revoke is seen by every process at once.
+        version = await current_version(rt.client, rt.settings.key_prefix, principal.username)
+        if principal.token_version != version:
+            raise AuthError("bearer token has been revoked; log in again", bearer_error=True)
+    if principal is not None:
+        request.state.principal = principal
+    return principal
+
+
+async def check_role(request: Request, role: Role) -> Principal:
+    principal = await optional_principal(request)
     if principal is None:
         raise AuthError("authentication required (Basic or Bearer)")
     if role not in principal.roles:
@@ -34,18 +90,61 @@ def _check(request: Request, role: Role) -> Principal:
     return principal
 
 
-def require(role: Role) -> Callable[[Request], Awaitable[Principal]]:
-    async def dependency(request: Request) -> Principal:
-        return _check(request, role)
+def route_key(request: Request) -> str:
+    route = request.scope.get("route")
+    if isinstance(route, APIRoute) and route.operation_id:
+        return route.operation_id
+    return request.url.path
 
-    return dependency
 
-
-async def require_member(request: Request) -> Principal | None:
-    # Closed unless the unsafe STREAMKIT_SERVER_INSECURE_MEMBER_API is on.
-    if runtime(request).settings.insecure_member_api:
+async def authorize(request: Request) -> Principal | None:
+    """The caller, checked against ``access.ROUTE_ROLES`` for the current route."""
+    role = required_role(route_key(request))
+    if role is None:
+        return await optional_principal(request)
+    if role is Role.MEMBER and runtime(request).settings.insecure_member_api:
+        # The unsafe STREAMKIT_SERVER_INSECURE_MEMBER_API switch (warned at start-up).
         return None
-    return _check(request, Role.MEMBER)
+    principal = await check_role(request, role)
+    await _rate_limit(request, role, principal)
+    return principal
+
+
+async def _rate_limit(request: Request, role: Role, principal: Principal) -> None:
+    rt = runtime(request)
+    if rt.limiter is None:
+        return
+    settings = rt.settings
+    if role is Role.WRITE:
+        await rt.limiter.check(
+            "admin", principal.username, window_ms=_MINUTE_MS,
+            limit=settings.admin_mutations_per_minute,
+        )  # fmt: skip
+    elif role is Role.MEMBER:
+        prefix = str(request.path_params.get("streamPrefix", ""))
+        group = str(request.path_params.get("consumerGroup", ""))
+        # Valid names only: a counter key per invalid name would be client-chosen.
+        validate_stream_prefix(prefix)
+        validate_consumer_group(group)
+        await rt.limiter.check(
+            "heartbeat", f"{prefix}/{group}", window_ms=settings.heartbeat_interval_ms,
+            limit=settings.heartbeat_rate_multiple * settings.max_members_per_group,
+        )  # fmt: skip
+
+
+def _caller(request: Request) -> Principal:
+    # ``authorize`` already ran as the router's dependency (before any
+    # parameter is validated, so a caller without credentials gets 401 first).
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is None:  # only public routes and the insecure member switch
+        return Principal("anonymous", frozenset(), "none")
+    return principal
+
+
+# Every router has ``dependencies=[AUTHORIZE]``; which role a route needs is in
+# access.py.  Handlers that need the caller take ``Caller``.
+AUTHORIZE = Depends(authorize)
+Caller = Annotated[Principal, Depends(_caller)]
 
 
 def group_keys(request: Request, streamPrefix: str, consumerGroup: str) -> GroupKeys:

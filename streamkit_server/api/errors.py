@@ -24,6 +24,7 @@ from streamkit.protocol import ErrorResponse
 from streamkit_server.errors import ApiError, Rejected
 from streamkit_server.gate import CoordinatorTerminating
 from streamkit_server.mutex import MutexTimeout
+from streamkit_server.ratelimit import RateLimited
 from streamkit_server.security import AuthError
 from streamkit_server.store import StoreError
 
@@ -53,6 +54,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "INVALID_MEMBER_ID": 400,
     "INVALID_TARGET_SHARD_COUNT": 400,
     "GROUP_NOT_FOUND": 404,
+    "TOO_MANY_REQUESTS": 429,
     "STREAM_NOT_FOUND": 404,
     "MIGRATION_NOT_FOUND": 404,
     "TOO_MANY_MEMBERS": 400,
@@ -146,6 +148,8 @@ async def _api(request: Request, exc: Exception) -> JSONResponse:
 async def _rejected(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, Rejected)
     headers = {"Retry-After": "1"} if exc.error_code in _RETRY_AFTER else None
+    if isinstance(exc, RateLimited):
+        headers = {"Retry-After": str(exc.retry_after_s)}
     return error_response(status_for(exc), exc.error_code, exc.message, headers)
 
 

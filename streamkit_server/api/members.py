@@ -13,12 +13,11 @@ from streamkit.protocol import (
     HeartbeatResponse,
 )
 from streamkit_server.api.bodies import HeartbeatRequest
-from streamkit_server.api.deps import group_keys, require_member, runtime
+from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
 from streamkit_server.provisioning import validate_member_id
-from streamkit_server.security import Principal
 from streamkit_server.store import GroupKeys
 
-router = APIRouter(prefix=API_PREFIX, tags=["Members"])
+router = APIRouter(prefix=API_PREFIX, tags=["Members"], dependencies=[AUTHORIZE])
 
 
 @router.post(
@@ -41,7 +40,7 @@ async def heartbeat(
     memberId: str,
     body: HeartbeatRequest,
     keys: Annotated[GroupKeys, Depends(group_keys)],
-    _principal: Annotated[Principal | None, Depends(require_member)],
+    _principal: Caller,
 ) -> Response:
     validate_member_id(memberId)
     service = runtime(request).service

@@ -32,16 +32,15 @@ from streamkit.protocol import (
 from streamkit.routing import stream_key
 from streamkit.version import package_version
 from streamkit_server import views
-from streamkit_server.api.deps import group_keys, optional_principal, require, runtime
+from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
 from streamkit_server.core import LAYOUT_VERSION, SCHEMA_VERSION, GroupMetadata
 from streamkit_server.errors import ApiError
-from streamkit_server.security import Principal, Role
+from streamkit_server.security import Principal
 from streamkit_server.service import now_ms
 from streamkit_server.store import GroupKeys, RedisClient
 
-router = APIRouter(prefix=f"{API_PREFIX}/monitoring", tags=["Monitoring"])
+router = APIRouter(prefix=f"{API_PREFIX}/monitoring", tags=["Monitoring"], dependencies=[AUTHORIZE])
 
-Reader = Annotated[Principal, Depends(require(Role.READ))]
 Keys = Annotated[GroupKeys, Depends(group_keys)]
 _GROUP = "/streams/{streamPrefix}/groups/{consumerGroup}"
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
@@ -68,7 +67,7 @@ def _json(model: Any) -> JSONResponse:
     return JSONResponse(model.to_wire())
 
 
-async def _group(request: Request, keys: GroupKeys) -> GroupMetadata:
+async def load_group(request: Request, keys: GroupKeys) -> GroupMetadata:
     return await runtime(request).service.read_group(keys)
 
 
@@ -78,7 +77,7 @@ async def _group(request: Request, keys: GroupKeys) -> GroupMetadata:
 async def session(request: Request) -> JSONResponse:
     # Open on purpose: a dashboard asks "am I logged in?"; bad credentials are
     # still a 401 so a wrong password is not mistaken for "anonymous".
-    principal = optional_principal(request)
+    principal: Principal | None = getattr(request.state, "principal", None)
     return _json(
         MonitoringSessionResponse(
             authenticated=principal is not None,
@@ -88,15 +87,24 @@ async def session(request: Request) -> JSONResponse:
 
 
 @router.get("/health", operation_id="getCoordinatorHealth", response_model=HealthResponse)
-async def health(request: Request, _p: Reader) -> JSONResponse:
+async def health(request: Request, _p: Caller) -> JSONResponse:
     return _json(await runtime(request).health())
 
 
 @router.get("/compatibility", operation_id="getCoordinatorCompatibility")
-async def compatibility(request: Request, _p: Reader) -> JSONResponse:
+async def compatibility(request: Request, _p: Caller) -> JSONResponse:
     versions = list(SUPPORTED_PROTOCOL_VERSIONS)
     return JSONResponse(
         {
+            # The reference's fields: the coordination (protocol) version
+            # range with each version's release lifecycle.
+            "currentCoordinationVersion": PROTOCOL_VERSION,
+            "supportedCoordinationVersions": {"min": min(versions), "max": max(versions)},
+            "coordinationVersions": [
+                {"version": v, "lifecycle": "CURRENT" if v == PROTOCOL_VERSION else "SUPPORTED"}
+                for v in versions
+            ],
+            # streamkit's own, beside them.
             "serverVersion": package_version(),
             "protocolVersion": PROTOCOL_VERSION,
             "minProtocolVersion": min(versions),
@@ -110,7 +118,7 @@ async def compatibility(request: Request, _p: Reader) -> JSONResponse:
 
 
 @router.get("/groups", operation_id="listCoordinatorGroups", response_model=GroupListResponse)
-async def list_groups(request: Request, _p: Reader) -> JSONResponse:
+async def list_groups(request: Request, _p: Caller) -> JSONResponse:
     groups = await runtime(request).service.list_groups()
     return _json(GroupListResponse(groups=[views.group_response(g) for g in groups]))
 
@@ -118,8 +126,8 @@ async def list_groups(request: Request, _p: Reader) -> JSONResponse:
 @router.get(
     _GROUP, operation_id="getMonitoringGroup", response_model=GroupResponse, responses=_NOT_FOUND
 )
-async def get_group(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
-    return _json(views.group_response(await _group(request, keys)))
+async def get_group(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
+    return _json(views.group_response(await load_group(request, keys)))
 
 
 @router.get(
@@ -128,8 +136,8 @@ async def get_group(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
     response_model=MemberListResponse,
     responses=_NOT_FOUND,
 )
-async def members(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
-    group = await _group(request, keys)
+async def members(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
+    group = await load_group(request, keys)
     return _json(MemberListResponse(members=views.member_views(group, now_ms())))
 
 
@@ -139,8 +147,8 @@ async def members(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
     response_model=AssignmentsResponse,
     responses=_NOT_FOUND,
 )
-async def assignments(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
-    return _json(views.assignments(await _group(request, keys)))
+async def assignments(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
+    return _json(views.assignments(await load_group(request, keys)))
 
 
 @router.get(
@@ -149,8 +157,8 @@ async def assignments(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
     response_model=ConsumptionProgressResponse,
     responses=_NOT_FOUND,
 )
-async def consumption(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
-    return _json(views.consumption(await _group(request, keys)))
+async def consumption(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
+    return _json(views.consumption(await load_group(request, keys)))
 
 
 @router.get(
@@ -159,8 +167,8 @@ async def consumption(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
     response_model=MigrationsResponse,
     responses=_NOT_FOUND,
 )
-async def migrations(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
-    return JSONResponse(views.migrations(await _group(request, keys)))
+async def migrations(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
+    return JSONResponse(views.migrations(await load_group(request, keys)))
 
 
 def _text(value: Any) -> str:
@@ -211,8 +219,8 @@ async def _shard_facts(client: RedisClient, group: GroupMetadata, shard: int) ->
     response_model=StreamShardOffsetsResponse,
     responses=_NOT_FOUND,
 )
-async def offsets(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
-    group = await _group(request, keys)
+async def offsets(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
+    group = await load_group(request, keys)
     client = runtime(request).client
     limit = asyncio.Semaphore(32)
 
@@ -235,7 +243,7 @@ async def offsets(request: Request, keys: Keys, _p: Reader) -> JSONResponse:
 async def messages(
     request: Request,
     keys: Keys,
-    _p: Reader,
+    _p: Caller,
     shardIndex: Annotated[int, Path(ge=0, le=2**31 - 1)],
     direction: StreamMessagePageDirection = StreamMessagePageDirection.BACKWARD,
     cursor: Annotated[str | None, Query(max_length=64)] = None,
@@ -243,7 +251,7 @@ async def messages(
 ) -> JSONResponse:
     # Checked before anything is loaded: bad input is a 400 whatever exists.
     position = _parse_cursor(cursor) if cursor is not None else None
-    group = await _group(request, keys)
+    group = await load_group(request, keys)
     if shardIndex not in group.known_shards():
         raise ApiError(
             404, "SHARD_NOT_FOUND", f"shard {shardIndex} is not a shard of this group "

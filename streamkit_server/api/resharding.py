@@ -20,18 +20,18 @@ from streamkit.protocol import (
     StreamScaleResponse,
 )
 from streamkit_server import views
-from streamkit_server.api.admin import Reader, Writer, audited
+from streamkit_server.api.audit import audited
 from streamkit_server.api.bodies import (
     RollbackMigrationRequest,
     ScaleGroupRequest,
     ScaleStreamRequest,
 )
-from streamkit_server.api.deps import group_keys, runtime
+from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
 from streamkit_server.provisioning import validate_stream_prefix
 from streamkit_server.resharding import find_migration
 from streamkit_server.store import GroupKeys
 
-router = APIRouter(prefix=API_PREFIX, tags=["Resharding"])
+router = APIRouter(prefix=API_PREFIX, tags=["Resharding"], dependencies=[AUTHORIZE])
 
 Keys = Annotated[GroupKeys, Depends(group_keys)]
 ReshardingId = Annotated[str, Path(min_length=1, max_length=128)]
@@ -66,12 +66,10 @@ def _errors(extra: dict[int, str]) -> dict[int | str, dict[str, Any]]:
     ),
 )
 async def scale_stream(
-    request: Request, streamPrefix: str, body: ScaleStreamRequest, principal: Writer
+    request: Request, streamPrefix: str, body: ScaleStreamRequest, principal: Caller
 ) -> JSONResponse:
     validate_stream_prefix(streamPrefix)
-    async with audited(
-        request, principal, "scaleStream", body, streamPrefix, None, body.reason, 202
-    ):
+    async with audited(request):
         outcome = await runtime(request).resharding.scale(
             streamPrefix,
             body.target_shard_count,
@@ -101,13 +99,10 @@ async def scale_stream(
     ),
 )
 async def scale_group(
-    request: Request, keys: Keys, body: ScaleGroupRequest, principal: Writer
+    request: Request, keys: Keys, body: ScaleGroupRequest, principal: Caller
 ) -> JSONResponse:
     """Compatibility path: scales the whole stream, answers with this group's migration."""
-    async with audited(
-        request, principal, "scaleGroup", body, keys.stream_prefix, keys.consumer_group,
-        body.reason, 202,
-    ):  # fmt: skip
+    async with audited(request):
         outcome = await runtime(request).resharding.scale(
             keys.stream_prefix,
             body.target_shard_count,
@@ -128,7 +123,7 @@ async def scale_group(
     responses=_errors({404: "Group or migration not found (MIGRATION_NOT_FOUND)."}),
 )
 async def get_migration(
-    request: Request, keys: Keys, reshardingId: ReshardingId, principal: Reader
+    request: Request, keys: Keys, reshardingId: ReshardingId, principal: Caller
 ) -> JSONResponse:
     group = await runtime(request).service.read_group(keys)
     return JSONResponse(views.migration(find_migration(group, reshardingId)))
@@ -152,11 +147,8 @@ async def rollback(
     keys: Keys,
     reshardingId: ReshardingId,
     body: RollbackMigrationRequest,
-    principal: Writer,
+    principal: Caller,
 ) -> JSONResponse:
-    async with audited(
-        request, principal, "rollbackMigration", body, keys.stream_prefix, keys.consumer_group,
-        body.reason, 202,
-    ):  # fmt: skip
+    async with audited(request):
         group = await runtime(request).resharding.rollback(keys, reshardingId)
     return JSONResponse(views.migration(find_migration(group, reshardingId)), status_code=202)

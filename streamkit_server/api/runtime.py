@@ -18,6 +18,7 @@ from streamkit_server.gate import TerminatingGate
 from streamkit_server.loop import TickLoop
 from streamkit_server.metrics import Metrics
 from streamkit_server.provisioning import Provisioner
+from streamkit_server.ratelimit import RateLimiter
 from streamkit_server.resharding import ReshardingService
 from streamkit_server.security import Authenticator
 from streamkit_server.service import CoordinatorService
@@ -51,14 +52,21 @@ class Runtime:
         self.settings = settings
         self.metrics = Metrics()
         self.gate = TerminatingGate()
+        previous = settings.token_secret_previous
         self.authenticator = Authenticator(
-            settings.admin_username, admin_password, token_secret, settings.token_ttl_seconds
+            settings.admin_username,
+            admin_password,
+            token_secret,
+            settings.token_ttl_seconds,
+            principals=settings.principal_entries(),
+            previous_secrets=[previous.get_secret_value().encode()] if previous else [],
         )
         self.coordinator_id = f"coord-{secrets.token_hex(6)}"
         self._client: RedisClient | None = None
         self._service: CoordinatorService | None = None
         self._resharding: ReshardingService | None = None
         self.tick_loop: TickLoop | None = None
+        self.limiter: RateLimiter | None = None
         self._tick_task: asyncio.Task[None] | None = None
 
     @property
@@ -90,6 +98,7 @@ class Runtime:
             store, Provisioner(self._client), self.settings, self.metrics, self.gate
         )
         self._resharding = ReshardingService(self._service, DrainProber(self._client))
+        self.limiter = RateLimiter(self._client, self.settings.key_prefix)
         try:
             await store.rebuild_index()
         except RedisError as exc:  # the tick loop retries it

@@ -69,7 +69,8 @@ async def test_scale_out_provisions_first_and_moves_every_group(
     age = f'redis_stream_coord_resharding_active_age_seconds{{stream_prefix="{prefix}"}}'
 
     async def age_shown() -> bool:
-        return age in (await admin.http.get(f"{admin.url}/metrics")).text
+        scraped = await admin.http.get(f"{admin.url}/metrics", auth=admin.coordinator.admin_auth)
+        return age in scraped.text
 
     await eventually(age_shown, 5, "the migration's age gauge")
 

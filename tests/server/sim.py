@@ -75,7 +75,7 @@ async def create_group(
 
 
 async def metric(http: httpx.AsyncClient, coord: CoordinatorProcess, name: str) -> float:
-    text = (await http.get(f"{coord.url}/metrics")).text
+    text = (await http.get(f"{coord.url}/metrics", auth=coord.admin_auth)).text
     total = 0.0
     for line in text.splitlines():
         m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? ([0-9.e+-]+)$", line)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from streamkit.routing import redis_cluster_slot
+from streamkit.routing import redis_cluster_slot, stream_key
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
@@ -96,6 +96,12 @@ async def test_delete_group(coordinator: CoordinatorProcess, any_redis: RedisTar
         forced = await http.request("DELETE", url, json={**request, "force": True})
         assert forced.status_code == 200 and forced.json()["consumerGroup"] == "g"
         assert await r.exists(meta_key("del", "g")) == 0
+        # Its Redis consumer groups are gone from every shard stream too (a
+        # leftover would block later drain proofs); the streams stay.
+        for shard in (0, 1):
+            key = stream_key("del", shard)
+            assert await r.exists(key) == 1
+            assert [g["name"] for g in await r.xinfo_groups(key)] == []
         assert (await http.get(url)).status_code == 404
         assert (await member.post(member.body())).status_code == 404
         assert (await http.get(f"{API}/monitoring/groups")).json()["groups"] == []

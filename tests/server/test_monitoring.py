@@ -84,6 +84,9 @@ async def test_monitoring_views(coordinator: CoordinatorProcess, any_redis: Redi
         assert health["status"] == "UP" and health["coordinatorId"].startswith("coord-")
         compat = (await http.get(f"{API}/monitoring/compatibility")).json()
         assert compat["supportedProtocolVersions"] == [1]
+        assert compat["currentCoordinationVersion"] == 1
+        assert compat["supportedCoordinationVersions"] == {"min": 1, "max": 1}
+        assert compat["coordinationVersions"] == [{"version": 1, "lifecycle": "CURRENT"}]
         assert compat["metadataSchemaVersion"] == 1 and compat["metadataLayoutVersion"] == 2
         metrics = (await http.get("/metrics")).text
         assert "redis_stream_coord_heartbeats_total" in metrics

@@ -32,6 +32,9 @@ IMPLEMENTED = {
     "getConsumptionProgress", "listReshardingMigrations", "getStreamShardOffsets",
     "getStreamShardMessages", "scaleStreamShards", "startGroupResharding",
     "getReshardingMigration", "rollbackReshardingMigration",
+    "listGrafanaGroups", "listGrafanaStreamOptions", "listGrafanaConsumerGroupOptions",
+    "listGrafanaShardOptions", "listGrafanaMemberRows", "listGrafanaShardRows",
+    "listGrafanaAssignmentRows", "listGrafanaMessageRows",
 }  # fmt: skip
 
 

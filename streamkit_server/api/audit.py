@@ -1,0 +1,140 @@
+"""The audit log: one JSON line per admin mutation and per refused request.
+
+Records go to the logger ``streamkit_server.audit`` (route it to its own
+sink).  A record names the principal (or the username a failed Basic login
+tried), never a password, token or body: the body is represented by its
+sha256, and only ``requestedBy``/``reason`` are read out of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+from fastapi import Request
+from fastapi.routing import APIRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from streamkit_server.security import Principal, basic_username
+
+__all__ = ["REFUSALS", "AuditMiddleware", "audit_log", "audited"]
+
+audit_log = logging.getLogger("streamkit_server.audit")
+
+# Refusals worth a record: authentication, authorization, input, conflicts, limits.
+REFUSALS: Final = frozenset({400, 401, 403, 404, 409, 413, 422, 429})
+_FIELDS_MAX: Final = 256
+
+
+def _emit(record: dict[str, Any]) -> None:
+    audit_log.info(json.dumps(record, separators=(",", ":"), sort_keys=True, default=str))
+
+
+def _from_body(body: bytes, field: str) -> str | None:
+    # Only the two accountability fields are read out of a (small) JSON body.
+    if not body or len(body) > 64 * 1024:
+        return None
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):  # deeply nested bodies are client input too
+        return None
+    value = parsed.get(field) if isinstance(parsed, dict) else None
+    return value[:_FIELDS_MAX] if isinstance(value, str) else None
+
+
+def _error_code(answer: bytes) -> str | None:
+    try:
+        parsed = json.loads(answer) if answer else None
+    except (ValueError, RecursionError):
+        return None
+    code = parsed.get("errorCode") if isinstance(parsed, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def _base(scope: Scope, body: bytes, status: int, started: float) -> dict[str, Any]:
+    route = scope.get("route")
+    params = scope.get("path_params") or {}
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
+    state = scope.get("state") or {}
+    principal: Principal | None = state.get("principal")
+    client = scope.get("client")
+    return {
+        "action": route.operation_id if isinstance(route, APIRoute) else None,
+        "bodySha256": hashlib.sha256(body).hexdigest() if body else None,
+        "client": client[0] if client else None,
+        "consumerGroup": params.get("consumerGroup"),
+        "durationMs": round((time.perf_counter() - started) * 1000, 1),
+        "method": scope.get("method"),
+        "outcome": "success" if status < 400 else "refused",
+        "principal": principal.username if principal else None,
+        "principalTried": None if principal else basic_username(headers.get("authorization")),
+        "reason": _from_body(body, "reason"),
+        "requestId": headers.get("x-request-id"),
+        "requestedBy": _from_body(body, "requestedBy"),
+        "roles": sorted(principal.roles) if principal else [],
+        "route": route.path if isinstance(route, APIRoute) else None,
+        "status": status,
+        "streamPrefix": params.get("streamPrefix"),
+    }
+
+
+class AuditMiddleware:
+    """Audits every refused request (and every mutation ``audited`` marks)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        chunks: list[bytes] = []
+        size = 0
+        status = 500
+
+        async def recording_receive() -> Message:
+            nonlocal size
+            message = await receive()
+            if message["type"] == "http.request":
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size <= 1024 * 1024:  # the body limit answers 413 beyond that anyway
+                    chunks.append(chunk)
+            return message
+
+        answer: list[bytes] = []
+
+        async def recording_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            elif message["type"] == "http.response.body" and status >= 400:
+                answer.append(message.get("body", b""))  # an ErrorResponse: small
+            await send(message)
+
+        scope.setdefault("state", {})
+        try:
+            await self.app(scope, recording_receive, recording_send)
+        finally:
+            state = scope["state"]
+            if status in REFUSALS or state.get("audit_mutation"):
+                try:
+                    record = _base(scope, b"".join(chunks), status, started)
+                    record["kind"] = "mutation" if state.get("audit_mutation") else "refusal"
+                    record["errorCode"] = _error_code(b"".join(answer))
+                    _emit(record)
+                except Exception:  # an audit bug must not drop the connection
+                    audit_log.exception("could not write an audit record")
+
+
+@asynccontextmanager
+async def audited(request: Request) -> AsyncIterator[None]:
+    """Mark the request as an admin mutation: audited whatever its outcome."""
+    request.state.audit_mutation = True
+    yield
