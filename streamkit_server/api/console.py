@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
-from streamkit_server.api.deps import require, runtime
+from streamkit_server.api.deps import check_role, runtime
 from streamkit_server.security import Principal, Role
 
 __all__ = ["CONSOLE_DIR", "CONSOLE_PATH", "mount_console"]
@@ -53,6 +53,11 @@ router = APIRouter(include_in_schema=False)
 
 
 @router.get(CONSOLE_PATH)
+async def _reader(request: Request) -> Principal:
+    # Not an API route: outside the role matrix, so checked here.
+    return await check_role(request, Role.READ)
+
+
 async def console_root() -> RedirectResponse:
     # Relative URLs in index.html resolve against the directory.
     return RedirectResponse(f"{CONSOLE_PATH}/", status_code=308)
@@ -60,7 +65,7 @@ async def console_root() -> RedirectResponse:
 
 @router.get(f"{CONSOLE_PATH}/settings.json")
 async def console_settings(
-    request: Request, _p: Annotated[Principal, Depends(require(Role.READ))]
+    request: Request, _p: Annotated[Principal, Depends(_reader)]
 ) -> JSONResponse:
     """The timings the page needs to show leases (e.g. a member's remaining lease)."""
     settings = runtime(request).settings
