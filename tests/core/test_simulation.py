@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
@@ -24,6 +25,7 @@ from streamkit_server.core import (
     CoordinatorConfig,
     GroupMetadata,
     ReshardingRejected,
+    Result,
     apply_drain_probe,
     apply_retirement,
     begin_correction,
@@ -48,6 +50,12 @@ SHARDS = 6
 CONVERGENCE_ROUNDS = (CONFIG.rebalance_timeout_ms + 3 * CONFIG.member_lease_ttl_ms) // (
     CONFIG.heartbeat_interval_ms
 ) + 10
+
+
+def state_of(result: Result[Any]) -> GroupMetadata:
+    """The group after a core operation (none of these deletes it)."""
+    assert result.state is not None
+    return result.state
 
 
 @dataclass
@@ -79,7 +87,7 @@ class Coordinator:
         if revision < self.highest_revision:
             # Redis went back under our feet: open a correction round so no
             # shard moves until forgotten leases have run out.
-            group = begin_correction(group, self.now, CONFIG, self.highest_version)
+            group = state_of(begin_correction(group, self.now, CONFIG, self.highest_version))
             self.store.commit(group)
             revision = self.store.current[0]
         self.highest_revision = revision
@@ -94,14 +102,14 @@ class Coordinator:
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
         outcome = handle_heartbeat(self.load(), request.member_id, request, self.now, CONFIG)
         if outcome.changed:
-            self.save(outcome.state)
+            self.save(state_of(outcome))
         return outcome.response
 
     def tick(self) -> None:
         group = self.load()
-        nxt = tick(group, self.now, CONFIG)
-        if nxt is not group:
-            self.save(nxt)
+        result = tick(group, self.now, CONFIG)
+        if result.changed:
+            self.save(state_of(result))
 
 
 @dataclass
@@ -199,7 +207,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
         request = self.network.delayed.pop(index)
         self.coordinator.now = self.now
         before = self.coordinator.load()
-        timed_out = tick(before, self.now, CONFIG)
+        timed_out = state_of(tick(before, self.now, CONFIG))
         member = timed_out.members.get(request.member_id)
         stale = member is None or request.member_epoch not in (0, -1, member.member_epoch)
         self.coordinator.heartbeat(request)  # nobody is listening for the answer
@@ -249,13 +257,16 @@ class ProtocolSimulation(RuleBasedStateMachine):
         group = self.coordinator.load()
         self.reshards += 1
         try:
-            group = start_resharding(
-                group, shards, self.now, resharding_id=f"r{self.reshards}", ordered=ordered
+            group = state_of(
+                start_resharding(
+                    group, shards, self.now, resharding_id=f"r{self.reshards}", ordered=ordered
+                )
             )
         except ReshardingRejected:
             return
         self.coordinator.save(group)
-        self.coordinator.save(complete_provisioning(group, f"r{self.reshards}", self.now, CONFIG))
+        rid = f"r{self.reshards}"
+        self.coordinator.save(state_of(complete_provisioning(group, rid, self.now, CONFIG)))
 
     @rule()
     def redis_drain_work(self) -> None:
@@ -271,15 +282,15 @@ class ProtocolSimulation(RuleBasedStateMachine):
             return
         if work.prepare:
             # Provisioning is idempotent: a rollback of Redis just repeats it.
-            group = complete_provisioning(group, work.resharding_id, self.now, CONFIG)
+            group = state_of(complete_provisioning(group, work.resharding_id, self.now, CONFIG))
         if work.probe:
-            group = apply_drain_probe(
-                group, work.resharding_id, dict.fromkeys(work.probe, True), self.now, CONFIG
+            drained = dict.fromkeys(work.probe, True)
+            group = state_of(
+                apply_drain_probe(group, work.resharding_id, drained, self.now, CONFIG)
             )
         if work.retire:
-            group = apply_retirement(
-                group, work.resharding_id, dict.fromkeys(work.retire, True), self.now, CONFIG
-            )
+            retired = dict.fromkeys(work.retire, True)
+            group = state_of(apply_retirement(group, work.resharding_id, retired, self.now, CONFIG))
         self.coordinator.save(group)
 
     @precondition(lambda self: len(self.store.history) > 1)
