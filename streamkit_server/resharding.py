@@ -21,6 +21,11 @@ revision CAS).
   section) and apply the results; retire a shard (re-check and delete, one
   script) only when it is proven and unheld in every group.  A new
   coordinator process resumes all of this from Redis.
+
+Every stream-wide decision (what to provision, probe and retire, the
+producer-lease gate, "every group agrees") is made by the pure planner in
+``core/planner.py``; this module only carries the plans out.  The stream
+lock, group loading and stream-record sync belong to ``CoordinatorService``.
 """
 
 from __future__ import annotations
