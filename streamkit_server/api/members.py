@@ -21,6 +21,12 @@ from streamkit_server.store import GroupKeys
 router = APIRouter(prefix=API_PREFIX, tags=["Members"])
 
 
+async def _group_keys(request: Request, streamPrefix: str, consumerGroup: str) -> GroupKeys:
+    # ``group_keys`` as a coroutine: FastAPI runs a plain ``def`` dependency in
+    # a worker thread, a hop per heartbeat that costs more than the check.
+    return group_keys(request, streamPrefix, consumerGroup)
+
+
 @router.post(
     "/streams/{streamPrefix}/groups/{consumerGroup}/members/{memberId}/heartbeat",
     operation_id="sendConsumerHeartbeat",
@@ -40,7 +46,7 @@ async def heartbeat(
     request: Request,
     memberId: str,
     body: HeartbeatRequest,
-    keys: Annotated[GroupKeys, Depends(group_keys)],
+    keys: Annotated[GroupKeys, Depends(_group_keys)],
     _principal: Annotated[Principal | None, Depends(require_member)],
 ) -> Response:
     validate_member_id(memberId)
