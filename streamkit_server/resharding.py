@@ -21,6 +21,11 @@ revision CAS).
   section) and apply the results; retire a shard (re-check and delete, one
   script) only when it is proven and unheld in every group.  A new
   coordinator process resumes all of this from Redis.
+
+Every stream-wide decision (what to provision, probe and retire, the
+producer-lease gate, "every group agrees") is made by the pure planner in
+``core/planner.py``; this module only carries the plans out.  The stream
+lock, group loading and stream-record sync belong to ``CoordinatorService``.
 """
 
 from __future__ import annotations
@@ -41,16 +46,22 @@ from streamkit_server.core import (
     CoordinatorConfig,
     GroupMetadata,
     MigrationRecord,
-    ReshardingWork,
     Result,
     apply_drain_probe,
     apply_retirement,
     complete_provisioning,
     fail_provisioning,
-    pending_work,
-    result_of,
     rollback_resharding,
     start_resharding,
+)
+from streamkit_server.core.planner import (
+    DrainPlan,
+    active_migrations,
+    added_shards,
+    participants,
+    plan_drain,
+    plan_provisioning,
+    refuse_active,
 )
 from streamkit_server.drain import DrainProber, DrainResult
 from streamkit_server.errors import CoordinatorError, Rejected
@@ -59,7 +70,6 @@ from streamkit_server.store import GroupKeys
 from streamkit_server.streams import (
     Ordering,
     StreamLock,
-    StreamRecord,
     common_layout,
     read_record,
     stream_group_names,
@@ -72,7 +82,8 @@ log = logging.getLogger("streamkit_server.resharding")
 #: Upper bound of ``targetShardCount`` (the same bound as the default count).
 MAX_SHARD_COUNT: Final = CORE_MAX_SHARD_COUNT
 
-_Step = Callable[[GroupMetadata, int], GroupMetadata]
+#: A pure core step of one group: ``Result`` whose response is the group after it.
+_Step = Callable[[GroupMetadata, int], Result[GroupMetadata]]
 
 
 def core_step(keys: GroupKeys, step: _Step) -> Operation[GroupMetadata]:
@@ -81,8 +92,7 @@ def core_step(keys: GroupKeys, step: _Step) -> Operation[GroupMetadata]:
     def op(group: GroupMetadata | None, now: int) -> Result[GroupMetadata]:
         if group is None:
             raise group_not_found(keys)
-        after = step(group, now)
-        return result_of(group, after, after)
+        return step(group, now)
 
     return op
 
@@ -158,7 +168,7 @@ class ReshardingService:
                     f"stream {stream_prefix!r} has no consumer groups, so nothing routes to "
                     "it; create a group first",
                 )
-            _refuse_active(stream_prefix, groups.values())
+            refuse_active(stream_prefix, groups.values())
             layout = common_layout(stream_prefix, groups.values())
             assert layout is not None
             ordered = (ordering or (record.ordering if record else "none")) == "key"
@@ -175,7 +185,7 @@ class ReshardingService:
                 for name in names:
                     groups[name] = await self._step(stream_prefix, name, start)
                     started.append(name)
-                added = _added_shards(stream_prefix, rid, groups.values())
+                added = added_shards(stream_prefix, rid, groups.values())
                 collisions = await service.provisioner.collisions(stream_prefix, added)
                 if collisions:
                     raise CoordinatorError(
@@ -207,7 +217,7 @@ class ReshardingService:
                 groups[name] = await self._step(
                     stream_prefix, name, _bind(complete_provisioning, rid, self.config)
                 )
-            await self._sync_record(stream_prefix, groups, record)
+            await service.sync_stream_record(stream_prefix, groups, record)
         log.info(
             "stream %s: migration %s to %d shards (%s) switched for groups %s",
             stream_prefix, rid, target, "ordered" if ordered else "unordered", names,
@@ -238,7 +248,7 @@ class ReshardingService:
                 groups[name] = await self._step(
                     prefix, name, _bind(rollback_resharding, resharding_id, self.config)
                 )
-            await self._sync_record(prefix, groups, record)
+            await service.sync_stream_record(prefix, groups, record)
         log.info("stream %s: migration %s rolled back in groups %s", prefix, resharding_id, parts)
         return groups[keys.consumer_group]
 
@@ -255,93 +265,56 @@ class ReshardingService:
             names = sorted({*names, *(record.groups if record is not None else ())})
             groups = await self.service.load_groups(stream_prefix, names)
             self._observe_age(stream_prefix, groups.values())
-            active = {
-                m.resharding_id for g in groups.values() if (m := g.active_migration()) is not None
-            }
-            for rid in sorted(active):
-                parts = _participants(groups, rid)
-                await self._finish_provisioning(stream_prefix, rid, parts, sorted(groups), lock)
-                parts = _participants(
-                    await self.service.load_groups(stream_prefix, sorted(parts)), rid
+            for rid in active_migrations(groups.values()):
+                await self._finish_provisioning(stream_prefix, rid, groups, lock)
+                # Provisioning may have switched groups: plan the drain on what is stored now.
+                parts = participants(
+                    await self.service.load_groups(
+                        stream_prefix, sorted(participants(groups, rid))
+                    ),
+                    rid,
                 )
-                await self._drain(stream_prefix, rid, parts, sorted(groups), lock)
-            await self._sync_record(
+                plan = plan_drain(rid, parts, now_ms(), self.config)
+                if plan is not None:
+                    await self._drain(stream_prefix, plan, sorted(groups), lock)
+            await self.service.sync_stream_record(
                 stream_prefix, await self.service.load_groups(stream_prefix, names), record
             )
         finally:
             await lock.release()
 
     async def _finish_provisioning(
-        self,
-        prefix: str,
-        rid: str,
-        parts: Mapping[str, GroupMetadata],
-        names: Sequence[str],
-        lock: StreamLock,
+        self, prefix: str, rid: str, groups: Mapping[str, GroupMetadata], lock: StreamLock
     ) -> None:
-        now = now_ms()
-        work = {n: pending_work(g, now, self.config) for n, g in parts.items()}
-        preparing = [n for n, w in work.items() if w is not None and w.prepare]
-        if not preparing:
+        plan = plan_provisioning(prefix, rid, participants(groups, rid), now_ms(), self.config)
+        if plan is None:
             return
-        # The core says what to provision; every group must agree on it.
-        added = _one_allocation(prefix, [work[n] for n in preparing])
         log.warning(
             "stream %s: migration %s was left PREPARING (coordinator restart?); "
-            "provisioning %s again and switching", prefix, rid, added,
+            "provisioning %s again and switching", prefix, rid, list(plan.shards),
         )  # fmt: skip
-        for name in names:
-            await self.service.provisioner.provision(prefix, added, name)
+        for name in sorted(groups):
+            await self.service.provisioner.provision(prefix, list(plan.shards), name)
         lock.check()
-        for name in preparing:
+        for name in plan.complete:
             await self._step(prefix, name, _bind(complete_provisioning, rid, self.config))
 
     async def _drain(
-        self,
-        prefix: str,
-        rid: str,
-        parts: Mapping[str, GroupMetadata],
-        names: Sequence[str],
-        lock: StreamLock,
+        self, prefix: str, plan: DrainPlan, names: Sequence[str], lock: StreamLock
     ) -> None:
-        now = now_ms()
-        lease = self.config.producer_routing_lease_ms
-        for group in parts.values():
-            m = _active(group, rid)
-            # A producer of any group may write to a removed shard until that
-            # group's routing lease has run out since it switched.
-            if m.state not in (MigrationState.DRAINING, MigrationState.ROLLING_BACK):
-                return
-            if m.switched_at_ms is None or now < m.switched_at_ms + lease:
-                return
-        works = {}
-        for name, group in parts.items():
-            work = pending_work(group, now, self.config)
-            if work is not None and work.resharding_id == rid:
-                works[name] = work
-        probe = sorted({s for w in works.values() for s in w.probe})
-        retire = [
-            s
-            for s in sorted({s for w in works.values() for s in w.retire})
-            if all(
-                name in works and s in works[name].retire
-                for name, group in parts.items()
-                if s in _active(group, rid).removed_shards
-                and s not in _active(group, rid).retired_shards
-            )
-        ]
-        facts = {s: await self.prober.probe(prefix, s, names) for s in probe}
+        """Carry out ``plan``: probe, record the proofs, retire, record the outcomes."""
+        rid = plan.resharding_id
+        facts = {s: await self.prober.probe(prefix, s, names) for s in plan.probe}
         for s, result in facts.items():
             self._note_unproven(prefix, s, result)
-        for name, work in works.items():
-            proven = {s: facts[s] is DrainResult.DRAINED for s in work.probe}
-            if any(proven.values()):
-                await self._step(prefix, name, _bind(apply_drain_probe, rid, self.config, proven))
-        if not retire:
+        drained = {s: r is DrainResult.DRAINED for s, r in facts.items()}
+        for name, proven in plan.probe_results(drained).items():
+            await self._step(prefix, name, _bind(apply_drain_probe, rid, self.config, proven))
+        if not plan.retire:
             return
         lock.check()
         retired: dict[int, bool] = {}
-        for s in retire:
+        for s in plan.retire:
             result = await self.prober.retire(prefix, s, names)
             retired[s] = result is DrainResult.DRAINED
             if retired[s]:
@@ -351,10 +324,8 @@ class ReshardingService:
                 self.service.metrics.retirements_refused.inc()
                 self._note_unproven(prefix, s, result)
         log.info("stream %s: migration %s retired %s", prefix, rid, retired)
-        for name, work in works.items():
-            outcome = {s: retired[s] for s in work.retire if s in retired}
-            if outcome:
-                await self._step(prefix, name, _bind(apply_retirement, rid, self.config, outcome))
+        for name, outcome in plan.retirement_results(retired).items():
+            await self._step(prefix, name, _bind(apply_retirement, rid, self.config, outcome))
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -385,25 +356,6 @@ class ReshardingService:
                 f"(GET .../migrations/{rid} shows its state)"
             )
         return CoordinatorError(error.error_code, error.message + note)
-
-    async def _sync_record(
-        self,
-        stream_prefix: str,
-        groups: Mapping[str, GroupMetadata],
-        record: StreamRecord | None = None,
-    ) -> None:
-        """Make the stream record follow the groups' (common) layout."""
-        layout = common_layout(stream_prefix, groups.values())
-        if layout is None:
-            return
-        if record is None:
-            record = await read_record(self.service.store, stream_prefix)
-        if record is not None and record.layout == layout:
-            return
-        fresh = StreamRecord(layout, record.ordering if record is not None else "none")
-        await self.service.store.update_stream_record(
-            stream_prefix, {**fresh.layout_fields(), "updatedAt": str(now_ms())}, bump=True
-        )
 
     def _note_unproven(self, prefix: str, shard: int, result: DrainResult) -> None:
         key = (prefix, shard)
@@ -440,18 +392,6 @@ class ReshardingService:
 # -- pure helpers -------------------------------------------------------------------------
 
 
-def _refuse_active(stream_prefix: str, groups: Iterable[GroupMetadata]) -> None:
-    for group in groups:
-        active = group.active_migration()
-        if active is not None:
-            raise CoordinatorError(
-                "ACTIVE_MIGRATION_EXISTS",
-                f"stream {stream_prefix!r} already has migration {active.resharding_id} "
-                f"({active.state.value}, group {group.consumer_group!r}); wait for it to end "
-                "or roll it back",
-            )
-
-
 def _start(
     group: GroupMetadata,
     now: int,
@@ -464,7 +404,7 @@ def _start(
     reason: str | None,
     avoid: frozenset[int],
     config: CoordinatorConfig,
-) -> GroupMetadata:
+) -> Result[GroupMetadata]:
     if tuple(group.layout) != layout:
         raise CoordinatorError(
             "LAYOUT_CHANGED", "the stream's layout changed during the request; retry"
@@ -476,48 +416,15 @@ def _start(
 
 
 def _bind(
-    fn: Callable[..., GroupMetadata], rid: str, config: CoordinatorConfig, *extra: object
+    fn: Callable[..., Result[GroupMetadata]], rid: str, config: CoordinatorConfig, *extra: object
 ) -> _Step:
     """``fn(group, rid, *extra, now, config)`` as a step of ``(group, now)``."""
 
-    def step(group: GroupMetadata, now: int) -> GroupMetadata:
+    def step(group: GroupMetadata, now: int) -> Result[GroupMetadata]:
         return fn(group, rid, *extra, now, config)
 
     return step
 
 
-def _active(group: GroupMetadata, rid: str) -> MigrationRecord:
-    migration = group.active_migration()
-    assert migration is not None and migration.resharding_id == rid
-    return migration
-
-
 def _state(group: GroupMetadata, rid: str) -> MigrationState:
     return find_migration(group, rid).state
-
-
-def _participants(groups: Mapping[str, GroupMetadata], rid: str) -> dict[str, GroupMetadata]:
-    return {
-        n: g
-        for n, g in groups.items()
-        if (m := g.active_migration()) is not None and m.resharding_id == rid
-    }
-
-
-def _added_shards(prefix: str, rid: str, groups: Iterable[GroupMetadata]) -> list[int]:
-    return _agreed(prefix, {tuple(find_migration(g, rid).added_shards) for g in groups})
-
-
-def _one_allocation(prefix: str, work: Sequence[ReshardingWork | None]) -> list[int]:
-    return _agreed(prefix, {w.provision for w in work if w is not None})
-
-
-def _agreed(prefix: str, added: set[tuple[int, ...]]) -> list[int]:
-    if len(added) > 1:
-        # Fresh shard numbers come from each group's known shards; they agree
-        # unless the groups' histories diverged.
-        raise CoordinatorError(
-            "LAYOUT_DIVERGED",
-            f"the groups of stream {prefix!r} would add different shards {sorted(added)}",
-        )
-    return list(added.pop()) if added else []

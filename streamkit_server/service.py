@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, TypeAlias, TypeVar
 
@@ -61,7 +61,6 @@ from streamkit_server.core import (
     merge_changes,
     new_group,
     observe,
-    result_of,
     steady,
     tick,
 )
@@ -212,9 +211,7 @@ class GroupExecutor:
                     # open the correction round itself instead of waiting for a
                     # client to report a higher version (no shard moves for one
                     # member lease).
-                    opened = result_of(
-                        before, begin_correction(loaded.group, now, self.config, regressed), None
-                    )
+                    opened = begin_correction(loaded.group, now, self.config, regressed)
                     state = opened.state
                     changes.append(opened.changes)
             outcomes: dict[int, Any] = {}
@@ -356,9 +353,7 @@ def tick_op(config: CoordinatorConfig) -> Operation[bool]:
     def op(group: GroupMetadata | None, now: int) -> Result[bool]:
         if group is None:
             return Result(None, (), False)
-        after = tick(group, now, config)
-        result = result_of(group, after, False)
-        return Result(result.state, result.changes, result.changed)
+        return tick(group, now, config)
 
     return op
 
@@ -619,6 +614,29 @@ class CoordinatorService:
             if loaded is not None:
                 out[name] = loaded.group
         return out
+
+    async def sync_stream_record(
+        self,
+        stream_prefix: str,
+        groups: Mapping[str, GroupMetadata],
+        record: StreamRecord | None = None,
+    ) -> None:
+        """Make the stream record follow the groups' (common) layout.
+
+        The groups are the source of truth; the record is what a group created
+        later starts from, so every stream-wide change ends with this.
+        """
+        layout = common_layout(stream_prefix, groups.values())
+        if layout is None:
+            return
+        if record is None:
+            record = await read_record(self.store, stream_prefix)
+        if record is not None and record.layout == layout:
+            return
+        fresh = StreamRecord(layout, record.ordering if record is not None else "none")
+        await self.store.update_stream_record(
+            stream_prefix, {**fresh.layout_fields(), "updatedAt": str(now_ms())}, bump=True
+        )
 
     # -- reads -----------------------------------------------------------------------
 

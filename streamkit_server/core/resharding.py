@@ -36,6 +36,7 @@ from .config import CoordinatorConfig
 from .draft import Draft
 from .errors import Rejected
 from .model import GroupMetadata, MigrationRecord
+from .result import Result, result_of
 
 
 class ReshardingRejected(Rejected):
@@ -69,7 +70,7 @@ def start_resharding(
     ordered: bool = False,
     avoid: Collection[int] = (),
     config: CoordinatorConfig | None = None,
-) -> GroupMetadata:
+) -> Result[GroupMetadata]:
     """Record a PREPARING migration to ``target_shard_count`` shards.
 
     New shards get the lowest numbers that neither this group nor ``avoid``
@@ -116,7 +117,7 @@ def start_resharding(
     draft = Draft(group, now_ms, config or CoordinatorConfig())
     draft.group.migrations = [*group.migrations, record]
     draft.dirty = draft.observable = True
-    return draft.finish()
+    return finished(draft)
 
 
 def pending_work(
@@ -149,27 +150,27 @@ def pending_work(
 
 def complete_provisioning(
     group: GroupMetadata, resharding_id: str, now_ms: int, config: CoordinatorConfig
-) -> GroupMetadata:
+) -> Result[GroupMetadata]:
     """New shards exist in Redis: route to the new layout."""
     draft = Draft(group, now_ms, config)
     migration = _migration(draft, resharding_id)
     if migration.state is not MigrationState.PREPARING:
-        return group  # a retry after the switch was already recorded
+        return Result(group, (), group)  # a retry after the switch was already recorded
     held = migration.added_shards if migration.ordered else []
     _switch_layout(draft, migration.new_layout, migration.removed_shards, held)
     _update_migration(draft, resharding_id, state=MigrationState.ACTIVE, switched_at_ms=now_ms)
-    return draft.finish()
+    return finished(draft)
 
 
 def fail_provisioning(
     group: GroupMetadata, resharding_id: str, now_ms: int, config: CoordinatorConfig
-) -> GroupMetadata:
+) -> Result[GroupMetadata]:
     """Provisioning failed before anything was routed: the migration ends."""
     draft = Draft(group, now_ms, config)
     migration = _migration(draft, resharding_id)
     if migration.state is MigrationState.PREPARING:
         _update_migration(draft, resharding_id, state=MigrationState.ROLLED_BACK)
-    return draft.finish()
+    return finished(draft)
 
 
 def apply_drain_probe(
@@ -178,7 +179,7 @@ def apply_drain_probe(
     drained: Mapping[int, bool],
     now_ms: int,
     config: CoordinatorConfig,
-) -> GroupMetadata:
+) -> Result[GroupMetadata]:
     """Record which removed shards Redis proved drained.
 
     A proven shard stops being assignable: its holder is asked to revoke it
@@ -191,7 +192,7 @@ def apply_drain_probe(
         draft.group.draining_shards = sorted(set(draft.group.draining_shards) - proven)
         draft.dirty = draft.observable = draft.membership_changed = True
         draft.rebalance()
-    return draft.finish()
+    return finished(draft)
 
 
 def apply_retirement(
@@ -200,7 +201,7 @@ def apply_retirement(
     retired: Mapping[int, bool],
     now_ms: int,
     config: CoordinatorConfig,
-) -> GroupMetadata:
+) -> Result[GroupMetadata]:
     """Record the outcome of retiring shards.
 
     ``True``: Redis re-checked the drain proof and deleted the key (or it was
@@ -222,17 +223,17 @@ def apply_retirement(
             retired_shards=sorted(set(migration.retired_shards) | set(done)),
         )
     advance_migration(draft)
-    return draft.finish()
+    return finished(draft)
 
 
 def rollback_resharding(
     group: GroupMetadata, resharding_id: str, now_ms: int, config: CoordinatorConfig
-) -> GroupMetadata:
+) -> Result[GroupMetadata]:
     draft = Draft(group, now_ms, config)
     migration = _migration(draft, resharding_id)
     if migration.state is MigrationState.PREPARING:
         _update_migration(draft, resharding_id, state=MigrationState.ROLLED_BACK)
-        return draft.finish()
+        return finished(draft)
     if (
         migration.state not in (MigrationState.ACTIVE, MigrationState.DRAINING)
         or migration.retired_shards
@@ -260,7 +261,14 @@ def rollback_resharding(
         retired_shards=[],
     )
     advance_migration(draft)
-    return draft.finish()
+    return finished(draft)
+
+
+def finished(draft: Draft) -> Result[GroupMetadata]:
+    """The ``Result`` of a resharding step: it answers the group after it."""
+    result = result_of(draft.original, draft.finish(), None)
+    assert result.state is not None
+    return Result(result.state, result.changes, result.state)
 
 
 def advance_migration(draft: Draft) -> None:

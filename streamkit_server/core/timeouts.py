@@ -6,18 +6,19 @@ from .config import CoordinatorConfig
 from .draft import Draft, earliest_deadline_ms
 from .model import GroupMetadata
 from .resharding import advance_migration
+from .result import Result, result_of
 
 
-def tick(group: GroupMetadata, now_ms: int, config: CoordinatorConfig) -> GroupMetadata:
-    """Apply every timeout due at ``now_ms``.
+def tick(group: GroupMetadata, now_ms: int, config: CoordinatorConfig) -> Result[bool]:
+    """Apply every timeout due at ``now_ms``; answers whether anything was due.
 
-    Returns ``group`` itself when nothing is due, so the caller can skip the
-    write (``next_group is group``).
+    Nothing due: no changes, and ``state`` is ``group`` itself.
     """
     draft = Draft(group, now_ms, config)
     draft.apply_timeouts()
     advance_migration(draft)
-    return draft.finish()
+    result = result_of(group, draft.finish(), False)
+    return Result(result.state, result.changes, result.changed)
 
 
 def next_deadline_ms(group: GroupMetadata, config: CoordinatorConfig) -> int | None:
@@ -30,7 +31,7 @@ def next_deadline_ms(group: GroupMetadata, config: CoordinatorConfig) -> int | N
 
 def begin_correction(
     group: GroupMetadata, now_ms: int, config: CoordinatorConfig, reported_version: int
-) -> GroupMetadata:
+) -> Result[None]:
     """Open a metadata correction round without a client asking for it.
 
     For a coordinator process that notices on its own that Redis went back
@@ -39,4 +40,4 @@ def begin_correction(
     """
     draft = Draft(group, now_ms, config)
     draft.open_correction(reported_version)
-    return draft.finish()
+    return result_of(group, draft.finish(), None)

@@ -1,9 +1,17 @@
-"""A tiny driver for exercising the pure core one heartbeat at a time."""
+"""A tiny driver for exercising the pure core one operation at a time.
+
+Every operation goes through ``Harness.apply``, which persists the result the
+way the store does: it replays ``changes`` onto the stored group (member
+records one by one, the document only on a document change) and checks that
+the replayed group is exactly the operation's ``state``.  An operation whose
+changes miss something it changed fails here, before any Redis is involved.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from streamkit.protocol import (
     HeartbeatRequest,
@@ -19,10 +27,22 @@ from streamkit.protocol import (
 from streamkit_server.core import (
     CoordinatorConfig,
     GroupMetadata,
+    MemberRemoved,
+    MemberUpserted,
+    Result,
+    apply_drain_probe,
+    apply_retirement,
+    complete_provisioning,
+    fail_provisioning,
     handle_heartbeat,
     new_group,
+    rollback_resharding,
+    start_resharding,
+    steady,
     tick,
 )
+
+R = TypeVar("R")
 
 CONFIG = CoordinatorConfig(
     heartbeat_interval_ms=100,
@@ -72,6 +92,22 @@ def request(
     )
 
 
+def replay(stored: GroupMetadata, result: Result[Any]) -> GroupMetadata:
+    """What the store holds after writing ``result.changes`` over ``stored``."""
+    state = result.state
+    assert state is not None
+    members = dict(stored.members)
+    for change in result.changes:
+        if isinstance(change, MemberUpserted):
+            assert state.members[change.member.member_id] is change.member
+            members[change.member.member_id] = change.member
+        elif isinstance(change, MemberRemoved):
+            members.pop(change.member_id, None)
+    # A member-only write leaves the document (and its stamp) as stored.
+    document = stored if steady(result.changes) else state
+    return document.model_copy(update={"members": members})
+
+
 @dataclass
 class Answer:
     status: HeartbeatStatus
@@ -91,15 +127,22 @@ class Harness:
     config: CoordinatorConfig = CONFIG
     writes: int = 0
 
-    def beat(self, member_id: str, req: HeartbeatRequest, *, path_id: str | None = None) -> Answer:
-        outcome = handle_heartbeat(self.group, path_id or member_id, req, self.now, self.config)
-        if outcome.changed:
-            assert outcome.state is not None
-            self.group = outcome.state
+    def apply(self, result: Result[R]) -> R:
+        """Persist ``result`` like the service does; its response."""
+        if result.changed:
+            assert result.state is not None
+            stored = replay(self.group, result)
+            assert stored.model_dump() == result.state.model_dump(), "changes miss a write"
+            self.group = result.state
             self.writes += 1
         else:
-            assert outcome.state is self.group
-        r = outcome.response
+            assert result.state is self.group
+        return result.response
+
+    def beat(self, member_id: str, req: HeartbeatRequest, *, path_id: str | None = None) -> Answer:
+        r = self.apply(
+            handle_heartbeat(self.group, path_id or member_id, req, self.now, self.config)
+        )
         assert r.assignment is not None and r.status is not None
         return Answer(
             status=r.status,
@@ -139,5 +182,28 @@ class Harness:
     def advance(self, ms: int) -> None:
         self.now += ms
 
-    def tick(self) -> None:
-        self.group = tick(self.group, self.now, self.config)
+    def tick(self) -> bool:
+        """Apply what is due; whether anything was."""
+        return self.apply(tick(self.group, self.now, self.config))
+
+    # -- resharding steps: each answers the group after it ----------------------------
+
+    def start(self, target: int, rid: str, **kw: object) -> GroupMetadata:
+        return self.apply(
+            start_resharding(self.group, target, self.now, resharding_id=rid, **kw)  # type: ignore[arg-type]
+        )
+
+    def complete(self, rid: str) -> GroupMetadata:
+        return self.apply(complete_provisioning(self.group, rid, self.now, self.config))
+
+    def fail(self, rid: str) -> GroupMetadata:
+        return self.apply(fail_provisioning(self.group, rid, self.now, self.config))
+
+    def probed(self, rid: str, drained: Mapping[int, bool]) -> GroupMetadata:
+        return self.apply(apply_drain_probe(self.group, rid, drained, self.now, self.config))
+
+    def retired(self, rid: str, retired: Mapping[int, bool]) -> GroupMetadata:
+        return self.apply(apply_retirement(self.group, rid, retired, self.now, self.config))
+
+    def rollback(self, rid: str) -> GroupMetadata:
+        return self.apply(rollback_resharding(self.group, rid, self.now, self.config))

@@ -7,10 +7,6 @@ import pytest
 from streamkit.protocol import MigrationState
 from streamkit_server.core import (
     ReshardingRejected,
-    apply_drain_probe,
-    apply_retirement,
-    complete_provisioning,
-    fail_provisioning,
     new_group,
     pending_work,
     rollback_resharding,
@@ -61,11 +57,11 @@ def settle(h: Harness, members: list[str]) -> None:
 
 def test_scale_out_provisions_switches_routing_and_deprecates_after_producer_lease() -> None:
     h = with_members(4, ["a", "b"])
-    h.group = start_resharding(h.group, 8, h.now, resharding_id="r1")
+    h.start(8, "r1")
     assert state(h) is MigrationState.PREPARING and h.group.shard_count == 4
     work = pending_work(h.group, h.now, CONFIG)
     assert work is not None and work.provision == (4, 5, 6, 7)
-    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.complete("r1")
     assert state(h) is MigrationState.ACTIVE and h.group.shard_count == 8
     for _ in range(3):
         settle(h, ["a", "b"])
@@ -80,8 +76,8 @@ def test_scale_out_provisions_switches_routing_and_deprecates_after_producer_lea
 
 def test_scale_in_retires_removed_shards_only_after_drain_proof_and_release() -> None:
     h = with_members(8, ["a", "b", "c"])
-    h.group = start_resharding(h.group, 3, h.now, resharding_id="r1")
-    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.start(3, "r1")
+    h.complete("r1")
     assert h.group.shard_count == 3 and h.group.draining_shards == [3, 4, 5, 6, 7]
     # Removed shards stay assigned so their backlog is consumed.
     settle(h, ["a", "b", "c"])
@@ -93,55 +89,53 @@ def test_scale_in_retires_removed_shards_only_after_drain_proof_and_release() ->
     work = pending_work(h.group, h.now, CONFIG)
     assert work is not None and work.probe == (3, 4, 5, 6, 7) and work.retire == ()
     # Shard 7 still has lag: only the others are proven.
-    h.group = apply_drain_probe(
-        h.group, "r1", {3: True, 4: True, 5: True, 6: True, 7: False}, h.now, CONFIG
-    )
+    h.probed("r1", {3: True, 4: True, 5: True, 6: True, 7: False})
     assert h.group.draining_shards == [7]
     work = pending_work(h.group, h.now, CONFIG)
     assert work is not None and work.retire == ()  # still held: holders must revoke first
     settle(h, ["a", "b", "c"])
     work = pending_work(h.group, h.now, CONFIG)
     assert work is not None and work.retire == (3, 4, 5, 6) and work.probe == (7,)
-    h.group = apply_retirement(h.group, "r1", {3: True, 4: True, 5: True, 6: True}, h.now, CONFIG)
+    h.retired("r1", {3: True, 4: True, 5: True, 6: True})
     assert state(h) is MigrationState.DRAINING
-    h.group = apply_drain_probe(h.group, "r1", {7: True}, h.now, CONFIG)
+    h.probed("r1", {7: True})
     settle(h, ["a", "b", "c"])
-    h.group = apply_retirement(h.group, "r1", {7: True}, h.now, CONFIG)
+    h.retired("r1", {7: True})
     assert state(h) is MigrationState.DEPRECATED
     assert set(h.group.target) == {0, 1, 2}
 
 
 def test_failed_retirement_makes_the_shard_assignable_again() -> None:
     h = with_members(4, ["a"])
-    h.group = start_resharding(h.group, 2, h.now, resharding_id="r1")
-    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.start(2, "r1")
+    h.complete("r1")
     h.advance(LEASE)
     h.tick()
-    h.group = apply_drain_probe(h.group, "r1", {2: True, 3: True}, h.now, CONFIG)
+    h.probed("r1", {2: True, 3: True})
     settle(h, ["a"])
-    h.group = apply_retirement(h.group, "r1", {2: True, 3: False}, h.now, CONFIG)
+    h.retired("r1", {2: True, 3: False})
     assert h.group.draining_shards == [3] and 3 in h.group.target
     assert state(h) is MigrationState.DRAINING
 
 
 def test_scale_in_with_every_member_expired_needs_only_the_redis_drain_proof() -> None:
     h = with_members(4, ["a", "b"])
-    h.group = start_resharding(h.group, 2, h.now, resharding_id="r1")
-    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.start(2, "r1")
+    h.complete("r1")
     h.advance(max(LEASE, CONFIG.member_lease_ttl_ms + 1))
     h.tick()
     assert h.group.owners == {} and state(h) is MigrationState.DRAINING
-    h.group = apply_drain_probe(h.group, "r1", {2: True, 3: True}, h.now, CONFIG)
+    h.probed("r1", {2: True, 3: True})
     work = pending_work(h.group, h.now, CONFIG)
     assert work is not None and work.retire == (2, 3)
-    h.group = apply_retirement(h.group, "r1", {2: True, 3: True}, h.now, CONFIG)
+    h.retired("r1", {2: True, 3: True})
     assert state(h) is MigrationState.DEPRECATED
 
 
 def test_scale_to_zero_routes_nothing_and_drains_everything() -> None:
     h = with_members(3, ["a"])
-    h.group = start_resharding(h.group, 0, h.now, resharding_id="r1")
-    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.start(0, "r1")
+    h.complete("r1")
     assert h.group.shard_count == 0 and h.group.draining_shards == [0, 1, 2]
     assert set(h.group.target) == {0, 1, 2}  # still read until drained
 
@@ -154,7 +148,7 @@ def test_one_active_migration_at_a_time_and_bad_targets_are_rejected() -> None:
     with pytest.raises(ReshardingRejected) as negative:
         start_resharding(h.group, -1, h.now, resharding_id="x")
     assert negative.value.error_code == "INVALID_TARGET_SHARD_COUNT"
-    h.group = start_resharding(h.group, 6, h.now, resharding_id="r1")
+    h.start(6, "r1")
     with pytest.raises(ReshardingRejected) as busy:
         start_resharding(h.group, 8, h.now, resharding_id="r2")
     assert busy.value.error_code == "ACTIVE_MIGRATION_EXISTS"
@@ -162,44 +156,44 @@ def test_one_active_migration_at_a_time_and_bad_targets_are_rejected() -> None:
 
 def test_failed_provisioning_routes_nothing() -> None:
     h = with_members(4, ["a"])
-    h.group = start_resharding(h.group, 6, h.now, resharding_id="r1")
-    h.group = fail_provisioning(h.group, "r1", h.now, CONFIG)
+    h.start(6, "r1")
+    h.fail("r1")
     assert state(h) is MigrationState.ROLLED_BACK and h.group.shard_count == 4
 
 
 def test_rollback_while_allowed_drains_the_added_shards() -> None:
     h = with_members(4, ["a"])
-    h.group = start_resharding(h.group, 6, h.now, resharding_id="r1")
-    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
-    h.group = rollback_resharding(h.group, "r1", h.now, CONFIG)
+    h.start(6, "r1")
+    h.complete("r1")
+    h.rollback("r1")
     assert state(h) is MigrationState.ROLLING_BACK
     assert h.group.shard_count == 4 and h.group.draining_shards == [4, 5]
     h.advance(LEASE)
     h.tick()
-    h.group = apply_drain_probe(h.group, "r1", {4: True, 5: True}, h.now, CONFIG)
+    h.probed("r1", {4: True, 5: True})
     settle(h, ["a"])
-    h.group = apply_retirement(h.group, "r1", {4: True, 5: True}, h.now, CONFIG)
+    h.retired("r1", {4: True, 5: True})
     assert state(h) is MigrationState.ROLLED_BACK
 
 
 def test_rollback_of_scale_in_reinstates_removed_shards() -> None:
     h = with_members(4, ["a"])
-    h.group = start_resharding(h.group, 2, h.now, resharding_id="r1")
-    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
-    h.group = rollback_resharding(h.group, "r1", h.now, CONFIG)
+    h.start(2, "r1")
+    h.complete("r1")
+    h.rollback("r1")
     assert h.group.shard_count == 4 and h.group.draining_shards == []
     assert state(h) is MigrationState.ROLLED_BACK
 
 
 def test_rollback_refused_once_a_shard_is_retired() -> None:
     h = with_members(4, ["a"])
-    h.group = start_resharding(h.group, 2, h.now, resharding_id="r1")
-    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.start(2, "r1")
+    h.complete("r1")
     h.advance(LEASE)
     h.tick()
-    h.group = apply_drain_probe(h.group, "r1", {2: True}, h.now, CONFIG)
+    h.probed("r1", {2: True})
     settle(h, ["a"])
-    h.group = apply_retirement(h.group, "r1", {2: True}, h.now, CONFIG)
+    h.retired("r1", {2: True})
     with pytest.raises(ReshardingRejected) as refused:
         rollback_resharding(h.group, "r1", h.now, CONFIG)
     assert refused.value.error_code == "ROLLBACK_NOT_ALLOWED"
@@ -207,10 +201,10 @@ def test_rollback_refused_once_a_shard_is_retired() -> None:
 
 def test_ordered_reshard_reads_children_only_after_every_parent_is_retired() -> None:
     h = with_members(4, ["a", "b"])
-    h.group = start_resharding(h.group, 8, h.now, resharding_id="r1", ordered=True)
+    h.start(8, "r1", ordered=True)
     work = pending_work(h.group, h.now, CONFIG)
     assert work is not None and work.provision == tuple(range(4, 12))
-    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.complete("r1")
     # Producers write to the children at once...
     assert h.group.layout == list(range(4, 12)) and h.group.shard_count == 8
     # ...but consumers keep reading only the parents.
@@ -219,12 +213,12 @@ def test_ordered_reshard_reads_children_only_after_every_parent_is_retired() -> 
     assert set(h.group.owners) == {0, 1, 2, 3}
     h.advance(LEASE)
     h.tick()
-    h.group = apply_drain_probe(h.group, "r1", dict.fromkeys(range(4), True), h.now, CONFIG)
+    h.probed("r1", dict.fromkeys(range(4), True))
     settle(h, ["a", "b"])
     assert h.group.owners == {} and h.group.held_shards == list(range(4, 12))
-    h.group = apply_retirement(h.group, "r1", dict.fromkeys(range(3), True), h.now, CONFIG)
+    h.retired("r1", dict.fromkeys(range(3), True))
     assert h.group.held_shards == list(range(4, 12))  # one parent is still there
-    h.group = apply_retirement(h.group, "r1", {3: True}, h.now, CONFIG)
+    h.retired("r1", {3: True})
     assert state(h) is MigrationState.DEPRECATED and h.group.held_shards == []
     for _ in range(2):
         settle(h, ["a", "b"])
@@ -233,25 +227,25 @@ def test_ordered_reshard_reads_children_only_after_every_parent_is_retired() -> 
 
 def test_plain_reshard_reuses_free_shard_numbers_to_keep_the_identity_layout() -> None:
     h = with_members(4, ["a"])
-    h.group = start_resharding(h.group, 2, h.now, resharding_id="r1")
-    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.start(2, "r1")
+    h.complete("r1")
     h.advance(LEASE)
     h.tick()
-    h.group = apply_drain_probe(h.group, "r1", {2: True, 3: True}, h.now, CONFIG)
+    h.probed("r1", {2: True, 3: True})
     settle(h, ["a"])
-    h.group = apply_retirement(h.group, "r1", {2: True, 3: True}, h.now, CONFIG)
-    h.group = start_resharding(h.group, 5, h.now, resharding_id="r2")
+    h.retired("r1", {2: True, 3: True})
+    h.start(5, "r2")
     assert h.group.migrations[-1].added_shards == [2, 3, 4]
-    h.group = complete_provisioning(h.group, "r2", h.now, CONFIG)
+    h.complete("r2")
     assert h.group.layout == [0, 1, 2, 3, 4]
 
 
 def test_rollback_of_an_ordered_reshard_restores_the_parents() -> None:
     h = with_members(2, ["a"])
-    h.group = start_resharding(h.group, 3, h.now, resharding_id="r1", ordered=True)
-    h.group = complete_provisioning(h.group, "r1", h.now, CONFIG)
+    h.start(3, "r1", ordered=True)
+    h.complete("r1")
     assert h.group.layout == [2, 3, 4]
-    h.group = rollback_resharding(h.group, "r1", h.now, CONFIG)
+    h.rollback("r1")
     assert h.group.layout == [0, 1] and h.group.held_shards == []
     assert h.group.draining_shards == [2, 3, 4]
     assert state(h) is MigrationState.ROLLING_BACK

@@ -26,6 +26,7 @@ import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import hypothesis
 import hypothesis.strategies as st
@@ -53,6 +54,7 @@ from streamkit_server.core import (
     CoordinatorConfig,
     GroupMetadata,
     ReshardingRejected,
+    Result,
     apply_drain_probe,
     apply_retirement,
     begin_correction,
@@ -92,6 +94,12 @@ COVERAGE = SimulationCoverage()
 
 
 # -- Redis and the coordinator processes ------------------------------------------
+
+
+def state_of(result: Result[Any]) -> GroupMetadata:
+    """The group after a core operation (none of these deletes it)."""
+    assert result.state is not None
+    return result.state
 
 
 @dataclass
@@ -162,7 +170,7 @@ class CoordinatorProcess:
         state = loaded
         if regressed is not None:
             COVERAGE.count("regressions_detected")
-            state = begin_correction(loaded, now, CONFIG, regressed)
+            state = state_of(begin_correction(loaded, now, CONFIG, regressed))
         state = op(state)
         for member_id, member in state.members.items():
             before = loaded.members.get(member_id)
@@ -196,7 +204,7 @@ class CoordinatorProcess:
         """The tick loop: a cheap scan, then a locked tick when something is due."""
         due = next_deadline_ms(self.peek(), CONFIG)
         if due is not None and due <= now:
-            self.run(lambda group: tick(group, now, CONFIG), now)
+            self.run(lambda group: state_of(tick(group, now, CONFIG)), now)
 
     def drain_work(self, now: int) -> None:
         """The server's loop provisions, probes and retires shards.
@@ -211,14 +219,18 @@ class CoordinatorProcess:
                 return group
             if work.prepare:
                 # Provisioning is idempotent: a rollback of Redis just repeats it.
-                group = complete_provisioning(group, work.resharding_id, now, CONFIG)
+                group = state_of(complete_provisioning(group, work.resharding_id, now, CONFIG))
             if work.probe:
-                group = apply_drain_probe(
-                    group, work.resharding_id, dict.fromkeys(work.probe, True), now, CONFIG
+                group = state_of(
+                    apply_drain_probe(
+                        group, work.resharding_id, dict.fromkeys(work.probe, True), now, CONFIG
+                    )
                 )
             if work.retire:
-                group = apply_retirement(
-                    group, work.resharding_id, dict.fromkeys(work.retire, True), now, CONFIG
+                group = state_of(
+                    apply_retirement(
+                        group, work.resharding_id, dict.fromkeys(work.retire, True), now, CONFIG
+                    )
                 )
             return group
 
@@ -435,7 +447,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
 
     def deliver_late_duplicate_of(self, request: HeartbeatRequest, process: int) -> None:
         # What the heartbeat will see once due timeouts are applied.
-        base = tick(self.redis.current[1], self.now, CONFIG)
+        base = state_of(tick(self.redis.current[1], self.now, CONFIG))
         self._process(process).heartbeat(request, self.now)  # nobody listens for the answer
         self.late_report_moves_nothing(request, base, self.redis.current[1])
 
@@ -469,7 +481,9 @@ class ProtocolSimulation(RuleBasedStateMachine):
 
         def op(group: GroupMetadata) -> GroupMetadata:
             try:
-                return start_resharding(group, shards, self.now, resharding_id=rid, ordered=ordered)
+                return state_of(
+                    start_resharding(group, shards, self.now, resharding_id=rid, ordered=ordered)
+                )
             except ReshardingRejected:
                 return group
 
