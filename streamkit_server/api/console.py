@@ -52,12 +52,12 @@ class _ConsoleFiles(StaticFiles):
 router = APIRouter(include_in_schema=False)
 
 
-@router.get(CONSOLE_PATH)
 async def _reader(request: Request) -> Principal:
     # Not an API route: outside the role matrix, so checked here.
     return await check_role(request, Role.READ)
 
 
+@router.get(CONSOLE_PATH)
 async def console_root() -> RedirectResponse:
     # Relative URLs in index.html resolve against the directory.
     return RedirectResponse(f"{CONSOLE_PATH}/", status_code=308)
