@@ -145,7 +145,7 @@ class StreamKit:
     ) -> Callable[[F], F]:
         """Register ``handler(msg)`` for every entry of the group's shards.
 
-        ``concurrency`` members (``{member_id_base}-m{i}``) share the shards;
+        ``concurrency`` members (``{member_id_base}-{start}-m{i}``) share the shards;
         each reads up to ``batch_size`` entries per ``XREADGROUP`` and holds at
         most ``max_in_flight`` (default ``4 * batch_size``) unfinished entries.
         ``ordered`` handles a shard's entries one at a time in stream order;

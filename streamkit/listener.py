@@ -185,8 +185,8 @@ class Listener:
         return (self.stream_prefix, self.consumer_group)
 
     def member_ids(self, base: str) -> list[str]:
-        """``{base}-m0 .. {base}-m{N-1}``: stable across restarts of the same pod,
-        so the coordinator recognises a returning member."""
+        """``{base}-m0 .. {base}-m{N-1}``, where ``base`` already carries this
+        start's random part unless membership is static (``member_id_prefix``)."""
         _check_name("member_id_base (STREAMKIT_MEMBER_ID_BASE)", base)
         return [f"{base}-m{i}" for i in range(self.concurrency)]
 
