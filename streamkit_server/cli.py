@@ -22,6 +22,7 @@ import uvicorn
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from streamkit.connections import redacted_url
 from streamkit.version import package_version
 from streamkit_server.api import create_app
 from streamkit_server.api.runtime import Runtime, make_redis_client
@@ -76,7 +77,9 @@ def parse_settings(argv: Sequence[str] | None = None) -> ServerSettings:
 async def preflight(settings: ServerSettings) -> str | None:
     """None when Redis is usable, else the one-line reason it is not."""
     client = make_redis_client(settings)
-    where = f"Redis at {settings.redis_url}" + (" (cluster)" if settings.redis_cluster else "")
+    # The URL may carry a password: never print it.
+    where = f"Redis at {redacted_url(settings.redis_url)}"
+    where += " (cluster)" if settings.redis_cluster else ""
     try:
         await asyncio.wait_for(client.ping(), timeout=10)
         info = await client.info("server")

@@ -93,6 +93,17 @@ def test_unreachable_redis_fails_fast_with_one_line() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_the_redis_password_never_appears_in_the_start_error() -> None:
+    port = free_port()
+    url = f"redis://app:s3cret-pw@127.0.0.1:{port}/0"
+    result = _run(
+        "--redis-url", url, STREAMKIT_SERVER_ADMIN_PASSWORD="pw", STREAMKIT_SERVER_TOKEN_SECRET="s"
+    )
+    assert result.returncode == 1
+    assert "s3cret-pw" not in result.stderr + result.stdout
+    assert f"redis://app:***@127.0.0.1:{port}/0" in result.stderr
+
+
 def test_invalid_setting_fails_with_one_line() -> None:
     result = _run("--heartbeat-interval-ms", "5000", "--member-lease-ttl-ms", "6000")
     assert result.returncode == 2
