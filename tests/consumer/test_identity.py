@@ -23,6 +23,7 @@ from .support import (
     AppProcess,
     all_acked,
     eventually,
+    overlapping_processing,
     overlapping_reads,
     parse_records,
     settled_ownership,
@@ -121,6 +122,10 @@ async def test_identical_processes_are_distinct_members(
     )
     assert records.reads, "nothing was read"
     assert not overlapping_reads(records.reads)
+    # Every message handled by one process at a time (handler calls too).
+    assert records.processing, "no handler call recorded"
+    overlaps = overlapping_processing(records.processing, records.lost)
+    assert not overlaps, overlaps[:5]
     assert published <= set(records.handled)
 
 
