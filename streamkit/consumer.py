@@ -141,7 +141,8 @@ class MemberRuntime:
         self._stop_begun = False
         self._forced = False
         self._answered_once = False
-        self._id_in_use_since: int | None = None
+        # Joins are being refused (MEMBER_ID_IN_USE): logged once, until a join works.
+        self._id_in_use = False
         # Per shard, the completion event of the last operation queued for it.
         self._tails: dict[int, anyio.Event] = {}
         self._ops: dict[anyio.CancelScope, frozenset[int]] = {}
@@ -242,9 +243,9 @@ class MemberRuntime:
                 self._log_failure(exc, failures)
                 delay_ms = self._retry_delay_ms(failures)
             else:
-                if self._id_in_use_since is not None:
+                if self._id_in_use:
                     log.info("%s: the member id is free again; joined", self.member_id)
-                    self._id_in_use_since = None
+                    self._id_in_use = False
                 if failures:
                     log.info(
                         "%s: coordinator reachable again after %d failures",
@@ -572,8 +573,8 @@ class MemberRuntime:
             self._wake = anyio.Event()
 
     def _log_id_in_use(self, exc: CoordinatorError) -> None:
-        if self._id_in_use_since is None:
-            self._id_in_use_since = monotonic_ms()
+        if not self._id_in_use:
+            self._id_in_use = True
             log.error(
                 "%s: %s. This process reads nothing for this member and asks again every "
                 "heartbeat interval. Only with STREAMKIT_STATIC_MEMBERSHIP=true do two "

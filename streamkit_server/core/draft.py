@@ -78,19 +78,16 @@ class Draft:
         """
         for shard in self.group.shards_held_by(member_id):
             self.release(shard)
-        self.group.last_issued_member_epoch += 1
-        epoch = self.group.last_issued_member_epoch
+        self._issue_epoch(member_id)
         self._update_member(
             member_id,
             static_leave_at_ms=self.now,
             last_heartbeat_ms=self.now,
-            member_epoch=epoch,
-            previous_member_epoch=epoch,
+            previous_member_epoch=self.group.members[member_id].member_epoch,
             assigned=[],
             holding=[],
             revoke_deadline_ms=None,
         )
-        self.observable = True
 
     def fence_member(self, member_id: str) -> None:
         """Fence a live member.  Its shards stay held until its lease must have run out.
