@@ -119,10 +119,18 @@ def browser() -> Iterator[object]:
 class BrowserErrors(list[str]):
     """Console errors and uncaught exceptions of one page."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._allowed: list[re.Pattern[str]] = []
+
     def allow_http(self, status: int) -> None:
-        """Drop Chromium's own log line for an API answer the test expects."""
-        pattern = re.compile(rf"Failed to load resource: .*status of {status}\b")
-        self[:] = [e for e in self if not pattern.search(e)]
+        """Ignore Chromium's own log lines for an API answer the test expects,
+        from now until the end of the test (a polling page repeats them)."""
+        self._allowed.append(re.compile(rf"Failed to load resource: .*status of {status}\b"))
+        self[:] = self.unexpected()
+
+    def unexpected(self) -> list[str]:
+        return [e for e in self if not any(p.search(e) for p in self._allowed)]
 
 
 @pytest.fixture
@@ -142,4 +150,5 @@ def page(browser: object, browser_errors: BrowserErrors) -> Iterator[object]:
         yield tab
     finally:
         context.close()
-    assert list(browser_errors) == [], f"the page logged errors: {list(browser_errors)}"
+    unexpected = browser_errors.unexpected()
+    assert unexpected == [], f"the page logged errors: {unexpected}"
