@@ -109,19 +109,13 @@ class AuditMiddleware:
             return message
 
         answer: list[bytes] = []
+        emitted = False
 
-        async def recording_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            elif message["type"] == "http.response.body" and status >= 400:
-                answer.append(message.get("body", b""))  # an ErrorResponse: small
-            await send(message)
-
-        scope.setdefault("state", {})
-        try:
-            await self.app(scope, recording_receive, recording_send)
-        finally:
+        def emit_once() -> None:
+            nonlocal emitted
+            if emitted:
+                return
+            emitted = True
             state = scope["state"]
             if status in REFUSALS or state.get("audit_mutation"):
                 try:
@@ -131,6 +125,25 @@ class AuditMiddleware:
                     _emit(record)
                 except Exception:  # an audit bug must not drop the connection
                     audit_log.exception("could not write an audit record")
+
+        async def recording_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            elif message["type"] == "http.response.body":
+                if status >= 400:
+                    answer.append(message.get("body", b""))  # an ErrorResponse: small
+                if not message.get("more_body", False):
+                    # Written before the client sees the answer: whoever got a
+                    # response can rely on its record being in the log already.
+                    emit_once()
+            await send(message)
+
+        scope.setdefault("state", {})
+        try:
+            await self.app(scope, recording_receive, recording_send)
+        finally:
+            emit_once()  # a request that ended without a full response
 
 
 @asynccontextmanager
