@@ -173,15 +173,30 @@ class GroupExecutor:
             if not isinstance(exc, Exception):
                 raise
 
-    def _observe(self, keys: GroupKeys, group: GroupMetadata, revision: int) -> int | None:
+    def _observe(
+        self, keys: GroupKeys, group: GroupMetadata, revision: int, server_changed: bool = False
+    ) -> int | None:
         """Remember ``revision``; the version to correct from when Redis went back."""
         seen = self._seen.get(keys.metadata)
         observation = observe(
-            seen, group.created_at_ms, revision, group.metadata_version, locked=True
+            seen,
+            group.created_at_ms,
+            revision,
+            group.metadata_version,
+            locked=True,
+            server_changed=server_changed,
         )
         self._seen[keys.metadata] = observation.seen
-        if observation.regressed_from_version is not None and seen is not None:
-            self.metrics.metadata_regression.inc()
+        if observation.regressed_from_version is None:
+            return None
+        self.metrics.metadata_regression.inc()
+        if server_changed:
+            log.warning(
+                "%s was last written by another Redis server (failover, restart or restore): "
+                "writes may have been lost; opening a metadata correction round",
+                keys.metadata,
+            )
+        elif seen is not None:
             log.warning(
                 "metadata revision regression for %s: this process saw revision %d, "
                 "Redis now holds %d (lost writes, failover or restore); "
@@ -205,7 +220,9 @@ class GroupExecutor:
             state = before
             changes: list[tuple[Change, ...]] = []
             if loaded is not None:
-                regressed = self._observe(keys, loaded.group, loaded.revision)
+                regressed = self._observe(
+                    keys, loaded.group, loaded.revision, loaded.server_changed
+                )
                 if regressed is not None:
                     # This process wrote a later revision than Redis now holds:
                     # open the correction round itself instead of waiting for a

@@ -34,7 +34,13 @@ class Observation:
 
 
 def observe(
-    seen: Seen | None, lifecycle: int, revision: int, metadata_version: int, *, locked: bool
+    seen: Seen | None,
+    lifecycle: int,
+    revision: int,
+    metadata_version: int,
+    *,
+    locked: bool,
+    server_changed: bool = False,
 ) -> Observation:
     """Compare a loaded (or written) revision with what was seen before.
 
@@ -42,8 +48,19 @@ def observe(
     mutex (``locked``): it opens the round and writes it, and from then on the
     new, lower revision line is the one to follow.  A read-only load must not
     consume the report, or no round would open.
+
+    ``server_changed`` says the group was last written by another Redis
+    server incarnation (a failover, restart or restore happened since).
+    Writes may then have been lost that this process never saw: another
+    process made them, so no revision of ours can tell.  That is reported as
+    a regression too, whatever the revisions say; the round it opens restamps
+    the group, so it is reported once per server change.
     """
     current = Seen(lifecycle, revision, metadata_version)
+    if server_changed and locked:
+        same_lifecycle = seen is not None and seen.lifecycle == lifecycle
+        highest = max(metadata_version, seen.metadata_version if seen and same_lifecycle else 0)
+        return Observation(current, highest)
     if seen is None or seen.lifecycle != lifecycle:
         return Observation(current)
     if revision < seen.revision:
