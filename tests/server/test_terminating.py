@@ -33,8 +33,15 @@ async def _release(target: RedisTarget, key: str) -> None:
 async def test_sigterm_lets_inflight_heartbeats_finish_and_refuses_new_ones(
     any_redis: RedisTarget, coordinator_factory: Factory
 ) -> None:
+    # A lease far longer than the test: under load the in-flight heartbeat
+    # may wait seconds behind the held mutex, and an expired m1 would be
+    # fenced instead of answered OK.
     coord = coordinator_factory(
-        any_redis, shutdown_grace_ms=3_000, env={"STREAMKIT_SERVER_MUTEX_WAIT_MS": "5000"}
+        any_redis,
+        shutdown_grace_ms=3_000,
+        member_lease_ttl_ms=30_000,
+        rebalance_timeout_ms=30_000,
+        env={"STREAMKIT_SERVER_MUTEX_WAIT_MS": "5000"},
     )
     async with httpx.AsyncClient(timeout=15) as http:
         await create_group(http, coord, "term", "g", 2)
@@ -65,7 +72,8 @@ async def test_gate_in_process(any_redis: RedisTarget) -> None:
         redis_url=any_redis.url,
         redis_cluster=any_redis.cluster,
         heartbeat_interval_ms=200,
-        member_lease_ttl_ms=1500,
+        member_lease_ttl_ms=30_000,  # as above: no expiry while the heartbeat waits
+        rebalance_timeout_ms=30_000,
         mutex_wait_ms=5000,
     )
     app = create_app(settings, admin_password="pw", token_secret=b"s")
