@@ -9,7 +9,7 @@ heartbeat costs O(members + shards) and allocates little.
 
 from __future__ import annotations
 
-from streamkit.protocol import GroupState, HeartbeatRequest, MemberState
+from streamkit.protocol import GroupState, HeartbeatRequest, MemberState, RevokingShardState
 
 from .assignor import assign
 from .config import CoordinatorConfig
@@ -149,10 +149,20 @@ class Draft:
                 pending_count=report.pending_count or 0,
                 updated_at_ms=self.now,
             )
+        unrecorded = sorted(
+            {
+                report.shard.shard_index
+                for report in request.revoking_shards
+                if report.shard is not None
+                and (report.state is not RevokingShardState.REVOKED or report.in_flight)
+            }
+            - held
+        )
         self._update_member(
             member_id,
             last_heartbeat_ms=self.now,
             last_reported_version=request.metadata_version,
+            draining_unrecorded=unrecorded,
             member_name=request.member_name or self.group.members[member_id].member_name,
             runtime_max_concurrency=capacity.runtime_max_concurrency or 1,
             available_concurrency=capacity.available_concurrency or 0,
@@ -259,6 +269,15 @@ class Draft:
             )
         self.dirty = True
 
+    def _drain_overdue(self) -> bool:
+        correction = self.group.correction
+        if correction is None:
+            return False
+        cfg = self.config
+        return self.now > (
+            correction.started_at_ms + cfg.member_lease_ttl_ms + cfg.rebalance_timeout_ms
+        )
+
     def _maybe_close_correction(self) -> None:
         correction = self.group.correction
         if correction is None:
@@ -273,6 +292,16 @@ class Draft:
             if member.static_leave_at_ms is not None:
                 continue
             if member.last_reported_version != group.metadata_version:
+                return
+        # ...and no member may still have entries in flight on a shard Redis
+        # forgot it held: once the round closes that shard can be granted.
+        for member in group.members.values():
+            if not member.draining_unrecorded:
+                continue
+            if member.live:
+                return
+            gone_at = member.fenced_at_ms or member.dead_since_ms
+            if gone_at is not None and self.now < gone_at + self.config.member_lease_ttl_ms:
                 return
         group.correction = None
         self.dirty = True
@@ -296,6 +325,11 @@ class Draft:
                 and member.revoke_deadline_ms is not None
                 and self.now > member.revoke_deadline_ms
             ):
+                self.fence_member(member_id)
+            elif member.live and member.draining_unrecorded and self._drain_overdue():
+                # A drain of forgotten shards may not hold the round open for
+                # ever: past the rebalance timeout the member is fenced, and
+                # the round waits one more lease for its entries in flight.
                 self.fence_member(member_id)
         for member_id, member in list(self.group.members.items()):
             held = self.group.shards_held_by(member_id) if not member.live else []

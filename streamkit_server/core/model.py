@@ -74,6 +74,11 @@ class MemberMetadata(_Aggregate):
     # When the member stopped being live (expired, fenced, left).
     dead_since_ms: int | None = None
     last_reported_version: int = 0
+    # Shards the member reports it is still draining that Redis does not
+    # record it as holding: after a rollback, grants Redis forgot.  Entries
+    # may be in flight there, so a correction round stays open until they
+    # are done (or the member is fenced and its lease has run out).
+    draining_unrecorded: list[int] = Field(default_factory=list)
     runtime_max_concurrency: int = 1
     available_concurrency: int = 0
     progress: dict[int, ShardProgress] = Field(default_factory=dict)

@@ -11,7 +11,7 @@ from streamkit.protocol import (
 )
 from streamkit_server.core import new_group
 
-from .harness import CONFIG, Harness, request
+from .harness import CONFIG, Answer, Harness, request
 
 OK = HeartbeatStatus.OK
 
@@ -439,3 +439,70 @@ def test_reported_progress_is_kept_only_for_held_shards() -> None:
     ]
     h.beat("a", req)
     assert sorted(h.group.members["a"].progress) == [0, 1]
+
+
+def a_drains_a_grant_redis_forgot() -> tuple[Harness, Answer, Answer]:
+    """b left and a was granted 2 and 3; Redis lost that, so it thinks b holds
+    them.  a, told SYNC_METADATA, still has entries of 2 and 3 in flight; c
+    joined during the round (a syncs again to the version of c's join) and
+    waits for shards."""
+    h = Harness()
+    a = h.steady("a", h.join("a"))
+    b = h.join("b")
+    a = h.steady("a", a)  # the DRAIN of 2 and 3
+    a = h.steady("a", a, revoked=[2, 3])
+    b = h.steady("b", b)
+    assert b.assigned == [2, 3]
+    snapshot = h.group
+    h.beat("b", request("b", -1))  # b leaves; a gets 2 and 3: the writes Redis loses
+    a = h.steady("a", a)
+    a = h.steady("a", a)
+    assert a.assigned == [0, 1, 2, 3]
+    h.group = snapshot
+    sync = h.beat("a", request("a", a.epoch, owned=[0, 1, 2, 3], version=a.version))
+    assert sync.status is HeartbeatStatus.SYNC_METADATA and sync.assigned == [0, 1]
+    c = h.join("c")
+    sync = h.beat("a", request("a", sync.epoch, owned=[0, 1], version=a.version))
+    pending = h.steady("a", sync, draining=[2, 3])
+    assert pending.status is HeartbeatStatus.REVOKE_PENDING
+    assert h.group.members["a"].draining_unrecorded == [2, 3]
+    return h, pending, c
+
+
+def test_a_correction_round_stays_open_while_a_forgotten_grant_is_drained() -> None:
+    h, a, c = a_drains_a_grant_redis_forgot()
+    for _ in range(4):  # b expires; the round's lease passes; a keeps draining
+        h.advance(CONFIG.member_lease_ttl_ms // 2)
+        c = h.steady("c", c)
+        a = h.steady("a", a, draining=[2, 3])
+        h.tick()
+    assert h.group.correction is not None
+    assert h.group.members["b"].state is MemberState.EXPIRED
+    assert set(h.group.owners) == {0, 1}  # 2 and 3 are free, and granted to nobody
+    a = h.steady("a", a, revoked=[2, 3])  # the drain finished
+    assert h.group.correction is None
+    c = h.steady("c", c)
+    assert c.assigned == [2, 3]
+
+
+def test_a_drain_of_forgotten_shards_cannot_hold_the_round_forever() -> None:
+    h, a, c = a_drains_a_grant_redis_forgot()
+    assert h.group.correction is not None
+    started = h.group.correction.started_at_ms
+    overdue = started + CONFIG.member_lease_ttl_ms + CONFIG.rebalance_timeout_ms + 1
+    while h.now < overdue:
+        h.advance(CONFIG.heartbeat_interval_ms)
+        c = h.steady("c", c)
+        a = h.steady("a", a, draining=[2, 3])
+    assert a.status is HeartbeatStatus.FENCED_MEMBER_EPOCH
+    fenced_at = h.group.members["a"].fenced_at_ms
+    assert fenced_at is not None
+    h.advance(CONFIG.member_lease_ttl_ms - 1)
+    c = h.steady("c", c)
+    assert h.group.correction is not None  # a's entries may still be in flight
+    assert c.assigned == []
+    h.advance(1)
+    c = h.steady("c", c)
+    assert h.group.correction is None
+    c = h.steady("c", c)
+    assert c.assigned == [0, 1, 2, 3]
