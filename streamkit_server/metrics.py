@@ -64,7 +64,7 @@ class Metrics:
         self.metadata_regression = Counter(
             "redis_stream_coord_metadata_regression_total",
             "Locked loads that found Redis went back: a lower storeRevision than this "
-            "process saw, or the group last written by another Redis server incarnation.",
+            "process saw, or a document write on another Redis server incarnation.",
             registry=r,
         )
         self.metadata_version_ahead = Counter(

@@ -25,6 +25,7 @@ our mutex expired) reruns the whole batch on a fresh load.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -85,6 +86,13 @@ __all__ = ["CoordinatorService", "GroupExecutor", "Operation", "now_ms"]
 log = logging.getLogger("streamkit_server.service")
 
 _MAX_ATTEMPTS: Final = 4
+
+
+class _Attempt(enum.Enum):
+    DONE = "done"
+    RERUN = "rerun"  # the revision CAS lost: load again
+    SERVER_CHANGED = "server-changed"  # load again and open a correction round
+
 
 R = TypeVar("R")
 
@@ -162,9 +170,12 @@ class GroupExecutor:
     async def _run(self, keys: GroupKeys, batch: list[_Item]) -> None:
         self.metrics.batch_size.observe(len(batch))
         try:
+            server_changed = False
             for _attempt in range(_MAX_ATTEMPTS):
-                if await self._attempt(keys, batch):
+                outcome = await self._attempt(keys, batch, server_changed)
+                if outcome is _Attempt.DONE:
                     return
+                server_changed = outcome is _Attempt.SERVER_CHANGED
             for item in batch:
                 _fail(item, MutexTimeout(f"{keys.metadata}: gave up after repeated CAS conflicts"))
         except BaseException as exc:
@@ -207,8 +218,13 @@ class GroupExecutor:
             )
         return observation.regressed_from_version
 
-    async def _attempt(self, keys: GroupKeys, batch: list[_Item]) -> bool:
-        """One load/apply/write round; False when the CAS lost and it must be rerun."""
+    async def _attempt(self, keys: GroupKeys, batch: list[_Item], server_changed: bool) -> _Attempt:
+        """One load/apply/write round, rerun unless DONE.
+
+        ``server_changed``: the last attempt's write was refused because
+        another Redis server incarnation stamped the group; this one opens a
+        correction round first (see ``store._COMMIT``).
+        """
         token = self.store.new_token()
         loaded = await lock_and_load(
             self.store, keys, token, self.settings.mutex_ttl_ms, self.settings.mutex_wait_ms
@@ -220,9 +236,7 @@ class GroupExecutor:
             state = before
             changes: list[tuple[Change, ...]] = []
             if loaded is not None:
-                regressed = self._observe(
-                    keys, loaded.group, loaded.revision, loaded.server_changed
-                )
+                regressed = self._observe(keys, loaded.group, loaded.revision, server_changed)
                 if regressed is not None:
                     # This process wrote a later revision than Redis now holds:
                     # open the correction round itself instead of waiting for a
@@ -252,14 +266,18 @@ class GroupExecutor:
                 committed = await self.store.delete(loaded, token)
                 if not committed:
                     self.metrics.state_conflicts.inc()
-                    return False
+                    return _Attempt.RERUN
                 self._seen.pop(keys.metadata, None)
             else:
-                written = await self.store.commit(loaded, keys, state, merged, token)
+                written = await self.store.commit(
+                    loaded, keys, state, merged, token, restamp=server_changed
+                )
                 committed = True  # the script released the mutex either way
+                if written.server_changed:
+                    return _Attempt.SERVER_CHANGED
                 if not written.ok:
                     log.warning("storeRevision conflict on %s; rerunning", keys.metadata)
-                    return False
+                    return _Attempt.RERUN
                 self._observe(keys, state, written.revision or 0)
                 self._after_write(keys, before, state, merged)
             for position, item in enumerate(batch):
@@ -268,7 +286,7 @@ class GroupExecutor:
                     _fail(item, outcome)
                 elif not item.future.done():
                     item.future.set_result(outcome)
-            return True
+            return _Attempt.DONE
         finally:
             if not committed and loaded is not None:
                 # Best effort; the TTL frees the mutex if even this fails.

@@ -9,8 +9,8 @@ Keys (``kp`` = key prefix, default ``redis-stream:coord``):
   write), ``log:<revision % 64>`` (which member records each recent write
   touched, or that it wrote the document), ``schemaVersion``,
   ``layoutVersion``, ``updatedAt``, ``redisServer`` (the Redis server
-  incarnation that wrote the document last: see ``_SERVER_IDENTITY``).  The
-  source of truth.  No TTL, ever.
+  incarnation that wrote the document last: see ``_COMMIT``).  The source of
+  truth.  No TTL, ever.
   Layout 1 kept the whole group in one ``aggregate`` field; such a group is
   read as is and rewritten as layout 2 on its next write (under the mutex).
 * ``{kp}:{<streamPrefix>:<consumerGroup>}:mutex`` -- the group mutex; the same
@@ -37,7 +37,7 @@ import json
 import logging
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, TypeAlias
 
@@ -80,56 +80,33 @@ INDEX_SEPARATOR: Final = "\x00"
 #: catches up by reading only the member records written since.
 WRITE_LOG_SIZE: Final = 64
 
-# Which Redis server incarnation answers: its run_id (new on every restart)
-# and replication id (new on every promotion of a replica).  Document writes
-# stamp it on the group; a locked load that finds another stamp knows Redis
-# may have lost writes that this coordinator process never saw (another
-# process made them before a failover, restart or restore), which revision
-# numbers alone cannot show.  INFO must be allowed in scripts: failing closed
-# beats a check that silently does nothing.
-_SERVER_IDENTITY = """
-local function server_identity()
-  local info = redis.call('INFO', 'server', 'replication')
-  local run = string.match(info, 'run_id:(%w+)') or ''
-  local replid = string.match(info, 'master_replid:(%w+)') or ''
-  return run .. ':' .. replid
-end
-"""
-
 # KEYS: mutex, metadata.  ARGV: token ('' = read without locking), ttl ms,
 # the (revision, writeId) of the copy the caller has parsed already, the size
 # of the write log.  Reply: {0} mutex busy; {2, exists} no group; otherwise
-# {1, revision, schemaVersion, layoutVersion, updatedAt, writeId, moved, mode,
-# ...} where moved is 1 when a locked load finds the group last written by
-# another Redis server incarnation (see _SERVER_IDENTITY) and mode is 'same'
-# (the caller's copy is current), 'delta' (member id / record pairs written
-# since the caller's copy: only member-only writes since), 'full' (every field
-# of the hash) or 'v1' (the v1 aggregate).
-_LOAD = (
-    _SERVER_IDENTITY
-    + """
+# {1, revision, schemaVersion, layoutVersion, updatedAt, writeId, mode, ...}
+# where mode is 'same' (the caller's copy is current), 'delta' (member id /
+# record pairs written since the caller's copy: only member-only writes since),
+# 'full' (every field of the hash) or 'v1' (the v1 aggregate).
+_LOAD = """
 if ARGV[1] ~= '' then
   if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     return {0, redis.call('PTTL', KEYS[1])}
   end
 end
 local m = redis.call('HMGET', KEYS[2], 'revision', 'schemaVersion', 'layoutVersion',
-  'updatedAt', 'writeId', 'redisServer')
+  'updatedAt', 'writeId')
 if not m[1] then
   if ARGV[1] ~= '' then redis.call('DEL', KEYS[1]) end
   return {2, redis.call('EXISTS', KEYS[2])}
 end
--- A group last written before the stamp existed has none: nothing to compare.
-local moved = 0
-if ARGV[1] ~= '' and m[6] and m[6] ~= server_identity() then moved = 1 end
-local head = {1, m[1], m[2] or false, m[3] or false, m[4] or false, m[5] or false, moved}
+local head = {1, m[1], m[2] or false, m[3] or false, m[4] or false, m[5] or false}
 if m[3] == '1' then
-  head[8] = 'v1'
-  head[9] = redis.call('HGET', KEYS[2], 'aggregate') or false
+  head[7] = 'v1'
+  head[8] = redis.call('HGET', KEYS[2], 'aggregate') or false
   return head
 end
-if m[3] ~= '2' then head[8] = 'unsupported' return head end
-if m[1] == ARGV[3] and m[5] == ARGV[4] then head[8] = 'same' return head end
+if m[3] ~= '2' then head[7] = 'unsupported' return head end
+if m[1] == ARGV[3] and m[5] == ARGV[4] then head[7] = 'same' return head end
 local have, now, size = tonumber(ARGV[3]), tonumber(m[1]), tonumber(ARGV[5])
 if have and now and now > have and now - have < size then
   local ids, ok = {}, true
@@ -144,7 +121,7 @@ if have and now and now > have and now - have < size then
     else for _, id in ipairs(e[4]) do ids[#ids + 1] = id end end
   end
   if ok then
-    head[8] = 'delta'
+    head[7] = 'delta'
     for _, id in ipairs(ids) do
       head[#head + 1] = id
       head[#head + 1] = redis.call('HGET', KEYS[2], 'm:' .. id) or false
@@ -152,29 +129,48 @@ if have and now and now > have and now - have < size then
     return head
   end
 end
-head[8] = 'full'
+head[7] = 'full'
 local all = redis.call('HGETALL', KEYS[2])
-for i = 1, #all do head[8 + i] = all[i] end
+for i = 1, #all do head[7 + i] = all[i] end
 return head
 """
-)
 
 # KEYS: metadata, mutex.  ARGV: expected revision ('' = create, only if the key
-# is absent), mutex token, '1' to stamp the server identity (document writes),
-# then the fields to set as pairs, an empty string, then the fields to delete.
-# The caller sends revision, writeId and the log entry of the new revision
-# among the fields (it knows the new revision: the expected one plus one).
-# The mutex is released in the same round trip whether or not the CAS passed.
-_COMMIT = (
-    _SERVER_IDENTITY
-    + """
+# is absent), mutex token, the stamp mode (below), then the fields to set as
+# pairs, an empty string, then the fields to delete.  The caller sends
+# revision, writeId and the log entry of the new revision among the fields (it
+# knows the new revision: the expected one plus one).  The mutex is released
+# in the same round trip whether or not the write happened.
+#
+# The stamp: every document write records which Redis server incarnation took
+# it (run_id, new on every restart, and replication id, new on every promotion
+# of a replica).  A document write (mode 'check') that finds another stamp is
+# refused with {2}: Redis failed over, restarted or was restored since the
+# last one, and may have lost writes that this coordinator process never saw
+# (another process made them), which no revision number can show.  The caller
+# then opens a correction round and writes it with mode 'restamp'.  Grants are
+# document writes, so none happens on a changed server before the round; a
+# member-only write (mode '') changes no ownership and pays nothing.  INFO
+# must be allowed in scripts: failing closed beats a check that does nothing.
+_COMMIT = """
 local cur = redis.call('HGET', KEYS[1], 'revision')
 local ok
 if ARGV[1] == '' then ok = redis.call('EXISTS', KEYS[1]) == 0 else ok = cur == ARGV[1] end
+local server
+if ok and ARGV[3] ~= '' then
+  local info = redis.call('INFO', 'server', 'replication')
+  server = (string.match(info, 'run_id:(%w+)') or '') .. ':' ..
+    (string.match(info, 'master_replid:(%w+)') or '')
+  local stamp = redis.call('HGET', KEYS[1], 'redisServer')
+  if ARGV[3] == 'check' and stamp and stamp ~= server then
+    if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('DEL', KEYS[2]) end
+    return {2}
+  end
+end
 if ok then
   -- In chunks: unpack() of a whole 10,000-member group would overflow Lua's stack.
   local sets, i = {}, 4
-  if ARGV[3] == '1' then sets = {'redisServer', server_identity()} end
+  if server then sets = {'redisServer', server} end
   while ARGV[i] ~= '' do
     sets[#sets + 1] = ARGV[i]
     sets[#sets + 1] = ARGV[i + 1]
@@ -190,7 +186,6 @@ if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('DEL'
 if ok then return 1 end
 return {0, cur}
 """
-)
 
 # KEYS: metadata, mutex.  ARGV: expected revision, mutex token.
 _DELETE = """
@@ -264,9 +259,6 @@ class Loaded:
     group: GroupMetadata
     #: The layout found in Redis; a v1 group is rewritten as v2 on its next write.
     layout_version: int = LAYOUT_VERSION
-    #: A locked load found the group last written by another Redis server
-    #: incarnation (failover, restart, restore): writes may have been lost.
-    server_changed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +266,8 @@ class CommitResult:
     ok: bool
     revision: int | None
     loaded: Loaded | None
+    #: Refused: another Redis server incarnation stamped the group last.
+    server_changed: bool = False
 
 
 def _s(value: Any) -> str:
@@ -356,9 +350,8 @@ class MetadataStore:
             if int(reply[1]):
                 raise MetadataCorrupt(f"metadata hash {keys.metadata} has no revision field")
             return None
-        revision_raw, schema, layout, updated_raw, write_raw, moved, mode_raw = reply[1:8]
+        revision_raw, schema, layout, updated_raw, write_raw, mode_raw = reply[1:7]
         mode = _s(mode_raw)
-        server_changed = int(moved) == 1
         if schema is None or _s(schema) != str(SCHEMA_VERSION) or mode == "unsupported":
             raise MetadataUnsupported(
                 f"group metadata {keys.metadata} has schemaVersion={_opt(schema)} "
@@ -375,24 +368,24 @@ class MetadataStore:
         try:
             if mode == "same":
                 assert cached is not None
-                return replace(cached, server_changed=True) if server_changed else cached
+                return cached
             if mode == "delta":
                 assert cached is not None
-                group = _apply_delta(cached.group, reply[8:])
+                group = _apply_delta(cached.group, reply[7:])
                 loaded = Loaded(keys, revision, write_id, updated_at, group)
             elif mode == "v1":
-                if reply[8] is None:
+                if reply[7] is None:
                     raise MetadataCorrupt(f"metadata {keys.metadata} has no aggregate")
-                group = GroupMetadata.model_validate_json(reply[8])
+                group = GroupMetadata.model_validate_json(reply[7])
                 loaded = Loaded(keys, revision, write_id, updated_at, group, layout_version=1)
             else:
-                loaded = Loaded(keys, revision, write_id, updated_at, _parse_full(reply[8:]))
+                loaded = Loaded(keys, revision, write_id, updated_at, _parse_full(reply[7:]))
         except ValueError as exc:
             raise MetadataCorrupt(
                 f"metadata {keys.metadata} holds a record that does not parse"
             ) from exc
         self._parsed[keys.metadata] = loaded
-        return replace(loaded, server_changed=True) if server_changed else loaded
+        return loaded
 
     async def commit(
         self,
@@ -401,6 +394,8 @@ class MetadataStore:
         group: GroupMetadata,
         changes: Sequence[Change],
         token: str,
+        *,
+        restamp: bool = False,
     ) -> CommitResult:
         """Write ``changes`` (taken from ``group``) if Redis still holds ``loaded.revision``.
 
@@ -408,6 +403,10 @@ class MetadataStore:
         write of member records only (a steady heartbeat) sends just those
         records; a create, a v1 group and a document change write the group
         document too.  Also releases the mutex ``token`` in the same round trip.
+
+        A document write is refused (``server_changed``) when another Redis
+        server incarnation stamped the group last, unless ``restamp`` says the
+        write opens the correction round that such a change calls for.
         """
         whole = loaded is None or loaded.layout_version != LAYOUT_VERSION
         document = whole or not steady(changes)
@@ -447,10 +446,14 @@ class MetadataStore:
         entry = [revision, write_id, 1 if document else 0, [] if document else written]
         sets += [f"log:{revision % WRITE_LOG_SIZE}", json.dumps(entry, separators=(",", ":"))]
         expected = "" if loaded is None else str(loaded.revision)
+        stamp = ("restamp" if restamp else "check") if document else ""
         reply = await self._commit(
             keys=[keys.metadata, keys.mutex],
-            args=[expected, token, "1" if document else "0", *sets, "", *deletes],
+            args=[expected, token, stamp, *sets, "", *deletes],
         )
+        if isinstance(reply, list) and int(reply[0]) == 2:
+            self._parsed.pop(keys.metadata, None)
+            return CommitResult(False, None, None, server_changed=True)
         if reply != 1:
             self.metrics.state_conflicts.inc()
             self._parsed.pop(keys.metadata, None)

@@ -1,9 +1,10 @@
 """A failover that lost a grant only one coordinator process saw.
 
 Revision numbers cannot show this to another process: it never saw the lost
-revision.  The group records which Redis server incarnation wrote it last, so
-any process that loads it from a promoted replica opens a correction round
-before granting anything (this was the simulation's pinned known gap).
+revision.  Every document write stamps the group with the Redis server
+incarnation that took it, and a document write (every grant is one) on
+another incarnation is refused until a correction round is open (this was the
+simulation's pinned known gap).
 """
 
 from __future__ import annotations
@@ -91,3 +92,30 @@ async def test_one_redis_server_never_opens_a_round_by_itself(
                 await anyio.sleep(0.1)
         assert await metric(http, first, REGRESSIONS) == 0
         assert await metric(http, second, REGRESSIONS) == 0
+
+
+async def test_steady_heartbeats_do_not_pay_for_the_stamp(
+    redis_url: str, coordinator_factory: Callable[..., CoordinatorProcess]
+) -> None:
+    """INFO runs inside document writes only: steady heartbeats never call it."""
+    coord = coordinator_factory(RedisTarget(redis_url, cluster=False))
+    async with (
+        httpx.AsyncClient(timeout=10) as http,
+        redis.asyncio.Redis.from_url(redis_url, decode_responses=True) as r,
+    ):
+        await create_group(http, coord, "stamp", "g", 2)
+        m1 = SimMember(http, coord.url, "stamp", "g", "m1")
+        while m1.owned != {0, 1}:
+            await m1.heartbeat()
+        for _ in range(3):  # settle: the member turns ACTIVE, the group STABLE
+            await m1.heartbeat()
+        before = await _info_calls(r)
+        for _ in range(10):
+            await m1.heartbeat()
+        assert await _info_calls(r) == before + 1  # our own INFO commandstats
+        assert m1.owned == {0, 1}
+
+
+async def _info_calls(r: redis.asyncio.Redis) -> int:
+    stats = await r.info("commandstats")
+    return int(stats.get("cmdstat_info", {}).get("calls", 0))
