@@ -249,6 +249,12 @@ class SimMember:
     #: Its handlers hang: draining shards never finish (until it crashes), so
     #: the coordinator's rebalance timeout fences it.
     stalled: bool = False
+    #: A network partition: until then no request of this process reaches a
+    #: coordinator, while it keeps reading under the lease it already has.
+    cut_off_until: int = 0
+
+    def cut_off(self, now: int) -> bool:
+        return now < self.cut_off_until
 
     def start(self) -> None:
         # The longest local lease the protocol allows: the tightest margins.
@@ -342,7 +348,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
         machine = member.machine
         assert machine is not None
         request = machine.next_request(self.now, in_flight={s: 1 for s in machine.draining})
-        if fate == "lose_request":
+        if fate == "lose_request" or member.cut_off(self.now):
             machine.request_failed()
             return
         if fate == "delay":
@@ -423,6 +429,9 @@ class ProtocolSimulation(RuleBasedStateMachine):
         if machine is None:
             return
         request = machine.next_request(self.now, in_flight={s: 1 for s in machine.draining})
+        if sim.cut_off(self.now):
+            machine.request_failed()
+            return
         self.now += to_server
         self.no_shard_held_twice()
         response = self._process(process).heartbeat(request, self.now)
@@ -490,6 +499,17 @@ class ProtocolSimulation(RuleBasedStateMachine):
         coordinator.run(op, self.now)
         coordinator.drain_work(self.now)
 
+    def partition(self, label: str, duration: int) -> None:
+        """The member is cut off from every coordinator process for a while.
+
+        Its heartbeats are lost; it keeps reading what it has until its local
+        lease runs out, while the others go on heartbeating.
+        """
+        sim = self.members[label]
+        if sim.alive:
+            sim.cut_off_until = max(sim.cut_off_until, self.now + duration)
+            COVERAGE.count("partitions")
+
     @precondition(lambda self: not any(m.stalled for m in self.members.values()))
     @rule(member=st.sampled_from(MEMBERS))
     def stall(self, member: str) -> None:
@@ -500,13 +520,13 @@ class ProtocolSimulation(RuleBasedStateMachine):
         """
         self.members[member].stalled = True
 
-    @precondition(lambda self: len(self.redis.history) > 1)
+    @precondition(lambda self: self._may_lose_writes())
     @rule(back=st.one_of(st.integers(1, 4), st.integers(5, 200)))
     def redis_rollback(self, back: int) -> None:
         """Redis loses its most recent writes (failover, restore)."""
         self._lose_writes_from(len(self.redis.history) - back)
 
-    @precondition(lambda self: len(self.redis.history) > 1)
+    @precondition(lambda self: self._may_lose_writes())
     @rule()
     def redis_restore_before_handoff(self) -> None:
         """Redis comes back from a snapshot taken before the latest handoff.
@@ -526,15 +546,63 @@ class ProtocolSimulation(RuleBasedStateMachine):
                 self._lose_writes_from(first)
                 return
 
-    @precondition(lambda self: len(self.redis.history) > 1)
-    @rule()
-    def redis_restore_open_round(self) -> None:
-        """Redis comes back from a snapshot with a correction round open, after
-        the round had closed and shards had moved again."""
+    @precondition(
+        lambda self: (
+            self._may_lose_writes()
+            and any(group.correction for _, group in self.redis.history[1:-1])
+        )
+    )
+    @rule(cut_off_for=st.integers(100, 1_000), data=st.data())
+    def redis_restore_open_round(self, cut_off_for: int, data: st.DataObject) -> None:
+        """A zone fails: Redis fails over to a lagging replica, which holds a
+        snapshot taken while a correction round was open, and the members in
+        that zone are cut off from the coordinators for a while.
+
+        The restored round may have begun more than a lease ago, while the
+        heartbeats Redis now forgets renewed the members' leases: a member cut
+        off reads on, and Redis soon believes its lease is over.  The round
+        must wait a lease from the moment this new regression is noticed, not
+        from its old start.  The sharpest snapshot comes first when there is
+        one (the round had closed after it and shards had moved again), then
+        one of a round already open for a lease, then any.
+        """
+        readers = sorted(label for label, sim in self.members.items() if sim.holding(self.now))
+        zone = data.draw(st.sets(st.sampled_from(readers), max_size=2)) if readers else set()
+        for label in sorted(zone):
+            self.partition(label, cut_off_for)
+        history = self.redis.history
+        index = self._open_round_before_moves()
+        if index is None:
+            inside = [i for i in range(1, len(history) - 1) if history[i][1].correction]
+            index = data.draw(st.sampled_from(self._old_round_recent_snapshots() or inside))
+        COVERAGE.count("restored_inside_rounds")
+        if any(group.correction is None for _, group in history[index + 1 :]):
+            COVERAGE.count("restored_open_rounds")  # the round had closed since: it reopens
+        self._lose_writes_from(index + 1)
+
+    def _old_round_recent_snapshots(self) -> list[int]:
+        """Snapshots of a round open for a lease already, taken less than a lease ago.
+
+        The members are still live in them, so the round can close as soon as
+        they resynchronise, while a member cut off reads on a lease renewed by
+        heartbeats the snapshot does not have.
+        """
+        ttl = CONFIG.member_lease_ttl_ms
+        found = []
+        for i, (_, group) in enumerate(self.redis.history[1:-1], start=1):
+            round_ = group.correction
+            taken = max((m.last_heartbeat_ms for m in group.members.values()), default=0)
+            if round_ and round_.started_at_ms + ttl <= self.now < taken + ttl:
+                found.append(i)
+        return found
+
+    def _open_round_before_moves(self) -> int | None:
+        """The latest snapshot with a round open, after which the round closed
+        and a shard now read by one member was the target of another."""
         history = self.redis.history
         owners = history[-1][1].owners
         closed = [i for i in range(1, len(history)) if history[i][1].correction is None]
-        for i in range(len(history) - 2, -1, -1):
+        for i in range(len(history) - 2, 0, -1):
             group = history[i][1]
             if group.correction is None or not any(j > i for j in closed):
                 continue
@@ -545,9 +613,16 @@ class ProtocolSimulation(RuleBasedStateMachine):
                 group.target.get(s) not in (None, h) and h in group.live_member_ids()
                 for s, h in owners.items()
             ):
-                COVERAGE.count("restored_open_rounds")
-                self._lose_writes_from(i + 1)
-                return
+                return i
+        return None
+
+    def _may_lose_writes(self) -> bool:
+        """Redis has writes to lose, and no partition is under way: one failover
+        per incident, so that a member cut off by one reads on through the
+        stretch that follows (a second rollback would open a fresh round that
+        hides how the first one was handled)."""
+        cut_off = any(sim.cut_off(self.now) for sim in self.members.values())
+        return len(self.redis.history) > 1 and not cut_off
 
     def _lose_writes_from(self, index: int) -> None:
         del self.redis.history[max(1, index) :]
@@ -585,7 +660,8 @@ class ProtocolSimulation(RuleBasedStateMachine):
         request = machine.leave_request(self.now)
         if duplicate:
             self.network.delayed.append(request)
-        self._process(process).heartbeat(request, self.now)
+        if not sim.cut_off(self.now):  # else the leave is lost: its shards wait for expiry
+            self._process(process).heartbeat(request, self.now)
         sim.machine = None
         COVERAGE.count("graceful_stops")
 
@@ -690,12 +766,29 @@ class ProtocolSimulation(RuleBasedStateMachine):
         group = self.redis.current[1]
         if group.correction is not None and holders:
             COVERAGE.count("corrections_with_holders")
+            if any(self._reads_on_forgotten_lease(sim, group) for sim in self.members.values()):
+                COVERAGE.count("forgotten_leases_cut_off")
         migration = group.active_migration()
         if migration is not None:
             old = set(migration.previous_layout) - set(migration.new_layout)
             old |= set(migration.removed_shards)
             if holders.keys() & old and holders.keys() & set(migration.new_layout):
                 COVERAGE.count("reshards_both_layouts")
+
+    def _reads_on_forgotten_lease(self, sim: SimMember, group: GroupMetadata) -> bool:
+        """A cut-off member holds shards on a lease renewed by heartbeats Redis lost.
+
+        Redis' record of its last heartbeat is older than the send time of the
+        answer its lease runs from (or the record is gone).
+        """
+        machine = sim.machine
+        if machine is None or not sim.cut_off(self.now) or not sim.holding(self.now):
+            return False
+        assert machine.lease_until_ms is not None  # it holds shards
+        stored = group.members.get(sim.member_id)
+        if stored is None or not stored.live or stored.incarnation != machine.incarnation:
+            return True
+        return machine.lease_until_ms > stored.last_heartbeat_ms + CONFIG.member_lease_ttl_ms
 
     # -- liveness once the faults stop --------------------------------------------
 
@@ -708,6 +801,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
         self.network.delayed.clear()
         for sim in self.members.values():
             sim.stalled = False
+            sim.cut_off_until = 0
         for round_ in range(CONVERGENCE_ROUNDS):
             self.now += CONFIG.heartbeat_interval_ms
             process = self._process(round_)
@@ -790,6 +884,9 @@ REQUIRED = (
     "members_fenced",
     "restored_before_handoffs",
     "restored_open_rounds",
+    "restored_inside_rounds",
+    "partitions",
+    "forgotten_leases_cut_off",
     "twins",
     "joins_refused",
     "graceful_stops",
