@@ -82,16 +82,23 @@ class ReplayOutcome:
 
 
 async def read_dead_letters(
-    redis: AsyncRedis, key: str, *, count: int, ids: Iterable[str] = ()
+    redis: AsyncRedis,
+    key: str,
+    *,
+    count: int,
+    ids: Iterable[str] = (),
+    after: str | None = None,
 ) -> list[DeadLetter]:
-    """The oldest ``count`` dead letters, or exactly those with ``ids``."""
+    """The oldest ``count`` dead letters (after the id ``after``), or those with ``ids``."""
     wanted = list(ids)
     replies: list[Any] = []
     if wanted:
         for entry_id in wanted:
             replies += await redis.xrange(key, entry_id, entry_id, count=1) or []
     else:
-        replies = await redis.xrange(key, count=count) or []
+        # "(" makes the start exclusive: a page starts after the last id shown.
+        start = "-" if after is None else f"({after}"
+        replies = await redis.xrange(key, start, "+", count=count) or []
     return [DeadLetter(_text(i), dict(f)) for i, f in replies if f is not None]
 
 
