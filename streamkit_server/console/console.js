@@ -775,7 +775,7 @@
       $("dlq-table").querySelector("tbody").replaceChildren(...entries.map((e) => h("tr", { "data-id": e.id },
         h("td", {}, e.id),
         h("td", {}, `${e.originalStream}/${e.originalId}`),
-        h("td", { class: "wrap" }, e.error),
+        h("td", { class: "text" }, e.error),
         h("td", { class: "num" }, e.attempts),
         h("td", {}, e.failedAt ? fmt.time(new Date(e.failedAt).toISOString()) : "—"),
         h("td", { class: "wrap" }, Object.entries(e.fields || {}).map(([k, v]) => `${k}=${v}`).join("  ").slice(0, 400)),

@@ -111,7 +111,7 @@ def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -
                 app.cleanup()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
     if not CHROMIUM.exists():
         pytest.fail(

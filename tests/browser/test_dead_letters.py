@@ -118,7 +118,7 @@ def test_dead_letters_are_listed_and_a_replay_is_handled(
     expect(first).to_contain_text("poison=1")
     texts = " ".join(rows.all_inner_texts())
     assert all(f"orderId={o}" in texts for o in POISON), texts
-    page.locator("#dlq-heading").scroll_into_view_if_needed()
+    page.locator("#dlq-heading").evaluate("e => e.scrollIntoView({block: 'start'})")
     page.screenshot(path=str(screenshots / "console-dead-letters.png"))
 
     # A refusal shows the API's answer and keeps the entry: no such field.
