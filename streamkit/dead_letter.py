@@ -63,9 +63,9 @@ class DeadLetter:
             "originalStream": self.meta(X_ORIGINAL_STREAM),
             "originalId": self.meta(X_ORIGINAL_ID),
             "group": self.meta(X_GROUP),
-            "attempts": int(self.meta(X_ATTEMPTS) or 0),
+            "attempts": _int(self.meta(X_ATTEMPTS)),
             "error": self.meta(X_ERROR),
-            "failedAt": int(self.meta(X_FAILED_AT) or 0),
+            "failedAt": _int(self.meta(X_FAILED_AT)),
             "fields": {
                 k.decode(errors="replace"): v.decode(errors="replace")
                 for k, v in self.original.items()
@@ -157,6 +157,12 @@ async def replay(
             await redis.xdel(key, letter.id)
         outcomes.append(ReplayOutcome(letter, to))
     return outcomes
+
+
+def _int(text: str) -> int:
+    # Anyone can XADD to a dead-letter stream: a listing must survive an entry
+    # whose metadata is not a number (0: unknown).
+    return int(text) if text.isascii() and text.isdigit() else 0
 
 
 def _text(value: Any) -> str:

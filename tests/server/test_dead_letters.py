@@ -102,6 +102,11 @@ async def test_list_page_and_replay(
         page = (await http.get(listed)).json()
         assert [e["id"] for e in page["entries"]] == [ids[1], ids[4]]
 
+        # An entry someone added by hand still lists (unknown numbers are 0).
+        odd = await r.xadd(f"{prefix}:dlq:{group}", {"x-attempts": "many", "x-failed-at": "-"})
+        (listed_odd,) = (await http.get(listed, params={"cursor": ids[4]})).json()["entries"]
+        assert (listed_odd["id"], listed_odd["attempts"], listed_odd["failedAt"]) == (odd, 0, 0)
+
         # Bad input and unknown things: ErrorResponse, never 500.
         cases = [
             (await http.post(f"{replay}/{ids[2]}/replay", json=who), 404, "DEAD_LETTER_NOT_FOUND"),
