@@ -63,9 +63,9 @@ class DeadLetter:
             "originalStream": self.meta(X_ORIGINAL_STREAM),
             "originalId": self.meta(X_ORIGINAL_ID),
             "group": self.meta(X_GROUP),
-            "attempts": int(self.meta(X_ATTEMPTS) or 0),
+            "attempts": _int(self.meta(X_ATTEMPTS)),
             "error": self.meta(X_ERROR),
-            "failedAt": int(self.meta(X_FAILED_AT) or 0),
+            "failedAt": _int(self.meta(X_FAILED_AT)),
             "fields": {
                 k.decode(errors="replace"): v.decode(errors="replace")
                 for k, v in self.original.items()
@@ -82,16 +82,23 @@ class ReplayOutcome:
 
 
 async def read_dead_letters(
-    redis: AsyncRedis, key: str, *, count: int, ids: Iterable[str] = ()
+    redis: AsyncRedis,
+    key: str,
+    *,
+    count: int,
+    ids: Iterable[str] = (),
+    after: str | None = None,
 ) -> list[DeadLetter]:
-    """The oldest ``count`` dead letters, or exactly those with ``ids``."""
+    """The oldest ``count`` dead letters (after the id ``after``), or those with ``ids``."""
     wanted = list(ids)
     replies: list[Any] = []
     if wanted:
         for entry_id in wanted:
             replies += await redis.xrange(key, entry_id, entry_id, count=1) or []
     else:
-        replies = await redis.xrange(key, count=count) or []
+        # "(" makes the start exclusive: a page starts after the last id shown.
+        start = "-" if after is None else f"({after}"
+        replies = await redis.xrange(key, start, "+", count=count) or []
     return [DeadLetter(_text(i), dict(f)) for i, f in replies if f is not None]
 
 
@@ -150,6 +157,12 @@ async def replay(
             await redis.xdel(key, letter.id)
         outcomes.append(ReplayOutcome(letter, to))
     return outcomes
+
+
+def _int(text: str) -> int:
+    # Anyone can XADD to a dead-letter stream: a listing must survive an entry
+    # whose metadata is not a number (0: unknown).
+    return int(text) if text.isascii() and text.isdigit() else 0
 
 
 def _text(value: Any) -> str:

@@ -27,6 +27,7 @@ ROUTE_ROLES: Final[dict[str, Role | None]] = {
     "startGroupResharding": Role.WRITE,
     "rollbackReshardingMigration": Role.WRITE,
     "revokePrincipalTokens": Role.WRITE,
+    "replayDeadLetter": Role.WRITE,
     # Reads
     "getCoordinatorGroup": Role.READ,
     "getProducerRoutingMetadata": Role.READ,
@@ -41,6 +42,8 @@ ROUTE_ROLES: Final[dict[str, Role | None]] = {
     "listReshardingMigrations": Role.READ,
     "getStreamShardOffsets": Role.READ,
     "getStreamShardMessages": Role.READ,
+    "listDeadLetters": Role.READ,
+    "getApiPerformance": Role.READ,
     "listGrafanaGroups": Role.READ,
     "listGrafanaStreamOptions": Role.READ,
     "listGrafanaConsumerGroupOptions": Role.READ,

@@ -6,9 +6,13 @@ in one process without "duplicated timeseries" errors.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "RouteFigures", "bucket_quantile"]
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -158,3 +162,94 @@ class Metrics:
             "Requests failed because Redis was unreachable or timed out.",
             registry=r,
         )
+        # Labels are bounded: the route is an operationId or a path template,
+        # never the raw path a client sent (see api/performance.py).
+        self.http_requests = Counter(
+            "redis_stream_coord_http_requests_total",
+            "HTTP requests answered, by route, method and status class (2xx, 4xx, 5xx).",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.http_seconds = Histogram(
+            "redis_stream_coord_http_request_duration_seconds",
+            "Time to answer an HTTP request, by route and method.",
+            ["route", "method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.http_requests.labels(route, method, f"{status // 100}xx").inc()
+        self.http_seconds.labels(route, method).observe(seconds)
+
+    def route_figures(self) -> list[RouteFigures]:
+        """Per-route figures since the process started, busiest route first."""
+        statuses: dict[tuple[str, str], dict[str, float]] = {}
+        for family in self.http_requests.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    key = (sample.labels["route"], sample.labels["method"])
+                    statuses.setdefault(key, {})[sample.labels["status"]] = sample.value
+        buckets: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        sums: dict[tuple[str, str], float] = {}
+        for family in self.http_seconds.collect():
+            for sample in family.samples:
+                key = (sample.labels["route"], sample.labels["method"])
+                if sample.name.endswith("_bucket"):
+                    buckets.setdefault(key, []).append((float(sample.labels["le"]), sample.value))
+                elif sample.name.endswith("_sum"):
+                    sums[key] = sample.value
+        out = []
+        for key, by_status in statuses.items():
+            count = int(sum(by_status.values()))
+            bounds = sorted(buckets.get(key, []))
+            out.append(
+                RouteFigures(
+                    route=key[0],
+                    method=key[1],
+                    count=count,
+                    client_errors=int(by_status.get("4xx", 0)),
+                    server_errors=int(by_status.get("5xx", 0)),
+                    mean_ms=sums.get(key, 0.0) * 1000 / count if count else None,
+                    p50_ms=_ms(bucket_quantile(0.5, bounds)),
+                    p99_ms=_ms(bucket_quantile(0.99, bounds)),
+                )
+            )
+        return sorted(out, key=lambda f: (-f.count, f.route, f.method))
+
+
+@dataclass(frozen=True, slots=True)
+class RouteFigures:
+    route: str
+    method: str
+    count: int
+    client_errors: int
+    server_errors: int
+    mean_ms: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """The ``q`` quantile estimated from cumulative histogram buckets, like PromQL's
+    ``histogram_quantile``: linear within the bucket that holds the rank.
+
+    ``buckets`` are ``(upper bound, cumulative count)`` sorted by bound, the
+    last one ``+Inf``.  A rank in the ``+Inf`` bucket answers the highest
+    finite bound (the histogram cannot say more).  None without observations.
+    """
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank and count > below:
+            if math.isinf(bound):
+                return lower
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    return lower

@@ -13,7 +13,16 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from streamkit.protocol import HealthStatus
-from streamkit_server.api import admin, auth, grafana, members, monitoring, resharding
+from streamkit_server.api import (
+    admin,
+    auth,
+    dead_letters,
+    grafana,
+    members,
+    monitoring,
+    performance,
+    resharding,
+)
 from streamkit_server.api.audit import AuditMiddleware
 from streamkit_server.api.console import mount_console
 from streamkit_server.api.deps import authorize
@@ -84,7 +93,10 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     # Outermost, so it also sees the body limit's 413s.
     app.add_middleware(AuditMiddleware)
-    for module in (auth, admin, resharding, members, monitoring, grafana):
+    # Outside even the audit: its time is part of what a client waits for.
+    app.add_middleware(performance.RequestMetricsMiddleware, metrics=runtime.metrics)
+    for module in (auth, admin, resharding, members, monitoring, dead_letters, performance,
+                   grafana):  # fmt: skip
         app.include_router(module.router)
     mount_console(app)
 

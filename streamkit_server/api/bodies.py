@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from streamkit import protocol as wire
 from streamkit.protocol import (
@@ -29,6 +29,7 @@ from streamkit.protocol import (
     ShardConsumptionProgress,
     ShardId,
     TextStr,
+    WireModel,
 )
 from streamkit_server.core import MAX_SHARD_COUNT
 from streamkit_server.streams import Ordering
@@ -40,6 +41,7 @@ __all__ = [
     "CreateStreamRequest",
     "DeleteGroupRequest",
     "HeartbeatRequest",
+    "ReplayDeadLetterRequest",
     "RollbackMigrationRequest",
     "ScaleGroupRequest",
     "ScaleStreamRequest",
@@ -119,3 +121,28 @@ class HeartbeatRequest(wire.HeartbeatRequest):
 class RollbackMigrationRequest(wire.RollbackMigrationRequest):
     requested_by: RequiredText
     reason: RequiredText
+
+
+FieldName = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class ReplayDeadLetterRequest(WireModel):
+    """streamkit extension: replay one dead letter (see streamkit_server/dead_letters.py)."""
+
+    requested_by: RequiredText
+    reason: TextStr | None = None
+    key_field: FieldName | None = Field(
+        default=None,
+        description="Entry field holding the partition key: route the entry by it "
+        "with the current layout.",
+    )
+    payload_key: FieldName | None = Field(
+        default=None,
+        description="Top-level key of the JSON 'payload' field holding the partition key.",
+    )
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> ReplayDeadLetterRequest:
+        if self.key_field is not None and self.payload_key is not None:
+            raise ValueError("give keyField or payloadKey, not both")
+        return self

@@ -50,17 +50,21 @@ _CURSOR = re.compile(r"^(\d{1,20})-(\d{1,20})$")
 _UINT64_MAX = 2**64 - 1
 
 
-def _parse_cursor(cursor: str) -> tuple[int, int]:
+def parse_record_id(value: str, error_code: str, name: str) -> tuple[int, int]:
     """A stream record id; Redis refuses parts above uint64, so they are 400 here."""
-    match = _CURSOR.match(cursor)
+    match = _CURSOR.match(value)
     if match is None or any(int(part) > _UINT64_MAX for part in match.groups()):
         raise ApiError(
             400,
-            "INVALID_CURSOR",
-            f"cursor must be a stream record id <ms>-<seq> (each 0..{_UINT64_MAX}), "
+            error_code,
+            f"{name} must be a stream record id <ms>-<seq> (each 0..{_UINT64_MAX}), "
             "like 1700000000-0",
         )
     return int(match[1]), int(match[2])
+
+
+def _parse_cursor(cursor: str) -> tuple[int, int]:
+    return parse_record_id(cursor, "INVALID_CURSOR", "cursor")
 
 
 def _json(model: Any) -> JSONResponse:

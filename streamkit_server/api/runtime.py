@@ -13,6 +13,7 @@ import redis.asyncio
 from redis.exceptions import RedisError
 
 from streamkit.protocol import HealthResponse, HealthStatus
+from streamkit_server.dead_letters import DeadLetters
 from streamkit_server.drain import DrainProber
 from streamkit_server.gate import TerminatingGate
 from streamkit_server.loop import TickLoop
@@ -62,9 +63,12 @@ class Runtime:
             previous_secrets=[previous.get_secret_value().encode()] if previous else [],
         )
         self.coordinator_id = f"coord-{secrets.token_hex(6)}"
+        #: Wall clock (seconds) when the process' figures started counting.
+        self.started_at = time.time()
         self._client: RedisClient | None = None
         self._service: CoordinatorService | None = None
         self._resharding: ReshardingService | None = None
+        self._dead_letters: DeadLetters | None = None
         self.tick_loop: TickLoop | None = None
         self.limiter: RateLimiter | None = None
         self._tick_task: asyncio.Task[None] | None = None
@@ -87,6 +91,12 @@ class Runtime:
             raise RuntimeError("the coordinator runtime has not been started")
         return self._resharding
 
+    @property
+    def dead_letters(self) -> DeadLetters:
+        if self._dead_letters is None:
+            raise RuntimeError("the coordinator runtime has not been started")
+        return self._dead_letters
+
     async def start(self) -> None:
         self._client = make_redis_client(self.settings)
         if self.authenticator.secret is None:
@@ -98,6 +108,7 @@ class Runtime:
             store, Provisioner(self._client), self.settings, self.metrics, self.gate
         )
         self._resharding = ReshardingService(self._service, DrainProber(self._client))
+        self._dead_letters = DeadLetters(self._service, self._client)
         self.limiter = RateLimiter(self._client, self.settings.key_prefix)
         try:
             await store.rebuild_index()

@@ -181,6 +181,7 @@
     if (parts[0] === "group" && parts.length === 3 && parts[1] && parts[2]) {
       return { view: "group", prefix: parts[1], group: parts[2] };
     }
+    if (parts[0] === "api" && parts.length === 1) return { view: "api" };
     return { view: "overview" };
   }
 
@@ -220,7 +221,7 @@
   }
 
   function show(id) {
-    for (const view of ["signin-view", "overview-view", "group-view"]) $(view).hidden = view !== id;
+    for (const view of ["signin-view", "overview-view", "api-view", "group-view"]) $(view).hidden = view !== id;
   }
 
   let currentRoute = null;
@@ -230,6 +231,7 @@
     $("signout").hidden = !signedIn;
     $("who").hidden = !signedIn;
     $("health").hidden = !signedIn;
+    $("nav").hidden = !signedIn;
     if (!signedIn) {
       stopPolling();
       currentRoute = null;
@@ -243,6 +245,7 @@
     if (key === currentRoute) return;
     currentRoute = key;
     if (next.view === "group") openGroup(next.prefix, next.group);
+    else if (next.view === "api") openApi();
     else openOverview();
     $("main").focus({ preventScroll: true });
   }
@@ -325,6 +328,40 @@
     });
   }
 
+  // -- API performance ---------------------------------------------------------------------
+
+  const apiMemory = new Map(); // "METHOD route" -> {t, count}
+
+  function openApi() {
+    show("api-view");
+    document.title = "API performance · streamkit console";
+    startPolling(async (current) => {
+      const [, perf] = await Promise.all([refreshHealth(), api("GET", "monitoring/api-performance")]);
+      if (!current()) return;
+      $("api-coordinator").textContent = perf.coordinatorId;
+      $("api-since").textContent = fmt.time(perf.startedAt);
+      const now = performance.now();
+      const ms = (v) => (v === null || v === undefined ? "—" : v.toFixed(v < 10 ? 2 : 1));
+      $("api-table").querySelector("tbody").replaceChildren(...(perf.routes || []).map((r) => {
+        const key = `${r.method} ${r.route}`;
+        const before = apiMemory.get(key);
+        apiMemory.set(key, { t: now, count: r.count });
+        const rate = before && now - before.t >= 100 ? Math.max(0, r.count - before.count) / ((now - before.t) / 1000) : null;
+        return h("tr", { "data-route": r.route, "data-method": r.method },
+          h("td", {}, r.route),
+          h("td", {}, r.method),
+          h("td", { class: "num", "data-col": "count" }, fmt.num(r.count)),
+          h("td", { class: "num" }, fmt.rate(rate)),
+          h("td", { class: "num" }, fmt.num(r.clientErrors)),
+          h("td", { class: "num" }, fmt.num(r.serverErrors)),
+          h("td", { class: "num" }, ms(r.meanMs)),
+          h("td", { class: "num" }, ms(r.p50Ms)),
+          h("td", { class: "num" }, ms(r.p99Ms)));
+      }));
+      return null;
+    });
+  }
+
   // -- group -------------------------------------------------------------------------------
 
   let view = null; // what the group page last loaded
@@ -337,21 +374,24 @@
     $("scale-note").hidden = true;
     view = { prefix, group, shardOptions: "" };
     messages.reset();
+    deadLetters.reset();
     applyRoles();
     startPolling(async (current) => {
       if (!settings) settings = await api("GET", "/console/settings.json");
       const base = `monitoring/${groupPath(prefix, group)}`;
-      const [, g, members, assignments, offsets, migrations] = await Promise.all([
+      const [, g, members, assignments, offsets, migrations, letters] = await Promise.all([
         refreshHealth(),
         api("GET", base),
         api("GET", `${base}/members`),
         api("GET", `${base}/assignments`),
         api("GET", `${base}/offsets`),
         api("GET", `${base}/migrations`),
+        deadLetters.fetch(),
       ]);
       if (!current()) return;
       Object.assign(view, { g, members: members.members || [], assignments, offsets, migrations });
       renderGroup();
+      deadLetters.render(letters);
     });
   }
 
@@ -366,6 +406,9 @@
       $("scale-note").hidden = false;
       $("scale-note").textContent = "You have read access only: scaling and rollback need the WRITE role.";
     }
+    $("dlq-key-field").disabled = !writer;
+    $("dlq-note").hidden = writer;
+    $("dlq-note").textContent = writer ? "" : "You have read access only: replaying needs the WRITE role.";
   }
 
   function shardState(index, a) {
@@ -659,6 +702,117 @@
     $(`msg-${where}`).addEventListener("click", () => messages.load(where));
   }
   $("msg-shard").addEventListener("change", () => messages.load("last"));
+
+  // -- dead letters --------------------------------------------------------------------------
+
+  const deadLetters = {
+    after: null, // the page starts after this id (null: the oldest)
+    starts: [], // where the previous pages started, for Prev
+    shown: "", // what the table shows, so a poll does not rebuild it (and steal focus) for nothing
+    last: null,
+    reset() {
+      this.after = null;
+      this.starts = [];
+      this.shown = "";
+      this.last = null;
+      $("dlq-table").querySelector("tbody").replaceChildren();
+      $("dlq-where").textContent = "";
+      $("dlq-error").hidden = true;
+      $("dlq-empty").hidden = true;
+      this.buttons();
+    },
+    path() {
+      return `monitoring/${groupPath(view.prefix, view.group)}/dead-letters`;
+    },
+    fetch() {
+      const query = new URLSearchParams({ limit: "20" });
+      if (this.after) query.set("cursor", this.after);
+      return api("GET", `${this.path()}?${query}`);
+    },
+    buttons() {
+      const page = this.last;
+      $("dlq-first").disabled = !page || this.after === null;
+      $("dlq-prev").disabled = !page || this.after === null;
+      $("dlq-next").disabled = !page || !page.nextCursor;
+    },
+    async move(where) {
+      if (!this.last) return;
+      if (where === "first") { this.after = null; this.starts = []; }
+      else if (where === "prev") this.after = this.starts.pop() ?? null;
+      else if (where === "next" && this.last.nextCursor) { this.starts.push(this.after); this.after = this.last.nextCursor; }
+      await this.refresh();
+    },
+    async refresh() {
+      const mine = generation;
+      try {
+        const page = await this.fetch();
+        if (mine === generation) this.render(page);
+      } catch (err) {
+        if (mine === generation) this.fail(`Could not read dead letters: ${err}`);
+      }
+    },
+    fail(text) {
+      $("dlq-error").textContent = text;
+      $("dlq-error").hidden = !text;
+    },
+    render(page) {
+      this.last = page;
+      const entries = page.entries || [];
+      // Everything on this page was replayed: step back rather than show an empty page.
+      if (!entries.length && this.after !== null && page.total > 0) {
+        this.after = this.starts.pop() ?? null;
+        this.refresh();
+        return;
+      }
+      $("dlq-where").textContent = `${page.deadLetterStream}: ${fmt.num(page.total)} dead letter${page.total === 1 ? "" : "s"}`
+        + (entries.length ? `, showing ${entries[0].id} … ${entries[entries.length - 1].id}` : "");
+      $("dlq-empty").hidden = entries.length > 0;
+      this.buttons();
+      const writer = can("WRITE");
+      const key = JSON.stringify([writer, entries]);
+      if (key === this.shown) return;
+      this.shown = key;
+      $("dlq-table").querySelector("tbody").replaceChildren(...entries.map((e) => h("tr", { "data-id": e.id },
+        h("td", {}, e.id),
+        h("td", {}, `${e.originalStream}/${e.originalId}`),
+        h("td", { class: "text" }, e.error),
+        h("td", { class: "num" }, e.attempts),
+        h("td", {}, e.failedAt ? fmt.time(new Date(e.failedAt).toISOString()) : "—"),
+        h("td", { class: "wrap" }, Object.entries(e.fields || {}).map(([k, v]) => `${k}=${v}`).join("  ").slice(0, 400)),
+        h("td", {}, h("button", {
+          type: "button", class: "danger replay", "data-id": e.id, "aria-label": `Replay ${e.id}`,
+          disabled: !writer, title: writer ? "" : "Needs the WRITE role",
+          onclick: () => this.replay(e),
+        }, "Replay…")))));
+    },
+    async replay(entry) {
+      if (!can("WRITE") || !view) return;
+      this.fail("");
+      const keyField = $("dlq-key-field").value.trim();
+      const where = keyField
+        ? `routed by its field ${keyField} with the current layout`
+        : `back to ${entry.originalStream}`;
+      const ok = await confirmAction("Replay the dead letter?",
+        `Publish ${entry.id} again, ${where}, then delete it from the dead-letter stream. Every consumer group of the stream sees it again.`,
+        "Replay");
+      if (!ok) return;
+      const body = { requestedBy: session.user, reason: "replayed from the console" };
+      if (keyField) body.keyField = keyField;
+      try {
+        const answer = await api("POST",
+          `${groupPath(view.prefix, view.group)}/dead-letters/${encodeURIComponent(entry.id)}/replay`, body);
+        $("dlq-note").textContent = `Replayed ${answer.id} to ${answer.streamKey}/${answer.recordId}.`;
+        $("dlq-note").hidden = false;
+      } catch (err) {
+        this.fail(`Replay refused: ${err}`);
+      }
+      await this.refresh();
+    },
+  };
+
+  for (const where of ["first", "prev", "next"]) {
+    $(`dlq-${where}`).addEventListener("click", () => deadLetters.move(where));
+  }
 
   render();
 })();

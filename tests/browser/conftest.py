@@ -2,10 +2,15 @@
 real coordinator, real Redis and real ``streamkit run`` consumers.
 
 Chromium missing is a failure, not a skip: ``scripts/setup.sh`` installs it.
+
+Screenshots go to a temporary directory, so a test run leaves the checkout
+clean; with ``STREAMKIT_UPDATE_SCREENSHOTS=1`` they replace the ones in
+``docs/img/`` that docs/console.md shows.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -37,7 +42,15 @@ SHARDS = 4
 # rollback test to press Roll back before the migration ends.
 ROUTING_LEASE_MS = 5_000
 REPO = Path(__file__).resolve().parents[2]
-SCREENSHOTS = REPO / "docs" / "img"
+DOCS_IMG = REPO / "docs" / "img"
+
+
+@pytest.fixture(scope="session")
+def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the tests write screenshots: docs/img/ only when asked to refresh them."""
+    if os.environ.get("STREAMKIT_UPDATE_SCREENSHOTS") == "1":
+        return DOCS_IMG
+    return tmp_path_factory.mktemp("screenshots")
 
 
 @dataclass
@@ -98,7 +111,7 @@ def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -
                 app.cleanup()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
     if not CHROMIUM.exists():
         pytest.fail(

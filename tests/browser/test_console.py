@@ -2,12 +2,14 @@
 
 The tests of this module share one stack and run in order: sign-in, the
 shard grid, a READ-only caller, a scale 4 -> 6, a rollback, a killed
-consumer.  Screenshots for docs/console.md are written on the way.
+consumer.  Screenshots for docs/console.md are written on the way (see the
+``screenshots`` fixture).
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +17,7 @@ from playwright.sync_api import expect
 
 from streamkit.testing.coordinator import TEST_ADMIN_PASSWORD, TEST_ADMIN_USERNAME
 
-from .conftest import SCREENSHOTS, SHARDS, BrowserErrors, Stack
+from .conftest import SHARDS, BrowserErrors, Stack
 from .tokens import read_only_token
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -55,7 +57,7 @@ def test_wrong_password_shows_the_error(
     browser_errors.allow_http(401)
 
 
-def test_sign_in_shows_every_shard_owned(page: Page, stack: Stack) -> None:
+def test_sign_in_shows_every_shard_owned(page: Page, stack: Stack, screenshots: Path) -> None:
     sign_in(page, stack)
     row = page.locator(f'#groups-table tr[data-group="{stack.prefix}/{stack.group}"]')
     expect(row).to_contain_text(f"{SHARDS} / {SHARDS}")
@@ -63,7 +65,7 @@ def test_sign_in_shows_every_shard_owned(page: Page, stack: Stack) -> None:
     expect(page.locator("#who")).to_contain_text("READ, WRITE")
     # Rates need two polls; wait for them so the screenshot shows numbers.
     expect(row.locator("td").nth(7)).to_have_text(re.compile(r"^\d"))
-    page.screenshot(path=str(SCREENSHOTS / "console-overview.png"))
+    page.screenshot(path=str(screenshots / "console-overview.png"))
 
     open_group(page, stack)
     assigned = page.locator('#shard-grid [data-state="assigned"]')
@@ -75,20 +77,20 @@ def test_sign_in_shows_every_shard_owned(page: Page, stack: Stack) -> None:
     members = page.locator("#members-table tbody tr")
     expect(members).to_have_count(2)
     expect(members.first).to_contain_text("ACTIVE")
-    page.screenshot(path=str(SCREENSHOTS / "console-shards.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "console-shards.png"), full_page=True)
 
     # Messages: newest page first, then the oldest, then forward and back.
     where = page.locator("#msg-where")
     expect(where).to_contain_text(f"{stack.prefix}:0: 20 entries")
     rows = page.locator("#messages-table tbody tr")
     expect(rows.last).to_contain_text("orderId=o-0-29")
-    page.get_by_role("button", name="First").click()
+    page.get_by_role("button", name="First", exact=True).click()
     expect(rows.first).to_contain_text("orderId=o-0-0")
-    expect(page.get_by_role("button", name="Prev")).to_be_disabled()
-    page.get_by_role("button", name="Next").click()
+    expect(page.get_by_role("button", name="Prev", exact=True)).to_be_disabled()
+    page.get_by_role("button", name="Next", exact=True).click()
     expect(where).to_contain_text("10 entries")
     expect(rows.last).to_contain_text("orderId=o-0-29")
-    page.get_by_role("button", name="Prev").click()
+    page.get_by_role("button", name="Prev", exact=True).click()
     expect(rows.first).to_contain_text("orderId=o-0-0")
 
     # A narrow window: everything still fits (tables scroll in their own box).
@@ -134,7 +136,7 @@ def fill_change(page: Page, target: int, reason: str) -> None:
 
 
 def test_scale_4_to_6_reaches_deprecated(
-    page: Page, stack: Stack, browser_errors: BrowserErrors
+    page: Page, stack: Stack, browser_errors: BrowserErrors, screenshots: Path
 ) -> None:
     sign_in(page, stack)
     open_group(page, stack)
@@ -158,7 +160,7 @@ def test_scale_4_to_6_reaches_deprecated(
         re.compile("ACTIVE|DRAINING")
     )
     page.locator("#resharding-heading").scroll_into_view_if_needed()
-    page.screenshot(path=str(SCREENSHOTS / "console-migration.png"))
+    page.screenshot(path=str(screenshots / "console-migration.png"))
 
     expect(state).to_have_text("DEPRECATED", timeout=30_000)
     expect(page.locator('#shard-grid [data-state="assigned"]')).to_have_count(6)

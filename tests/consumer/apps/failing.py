@@ -1,6 +1,8 @@
 """A ``streamkit run`` app whose handler fails on entries with a ``poison`` field.
 
-The failure policy comes from ``SKT_*`` variables.  Every handler call is
+The failure policy comes from ``SKT_*`` variables.  With ``SKT_HEALED`` set,
+poison entries stop failing once that file exists: the bug has been fixed,
+and a replayed dead letter is handled.  Every handler call is
 written as ``H <stream key>/<id> <member> <attempt>`` (line-buffered, so a
 SIGKILL loses nothing already written).
 """
@@ -9,10 +11,13 @@ from __future__ import annotations
 
 import os
 
+import anyio
+
 from streamkit import Message, StreamKit
 from streamkit.failure import FailurePolicy
 
 record = open(os.environ["SKT_RECORD"], "a", buffering=1)
+healed = os.environ.get("SKT_HEALED")
 
 app = StreamKit()
 
@@ -31,6 +36,6 @@ app = StreamKit()
 )
 async def handle(msg: Message) -> None:
     record.write(f"H {msg.stream_key}/{msg.id} {msg.member_id} {msg.attempt}\n")
-    if "poison" in msg.fields:
+    if "poison" in msg.fields and not (healed and await anyio.Path(healed).exists()):
         raise RuntimeError("poison")
     await msg.ack()
