@@ -5,6 +5,11 @@ Starts its own private redis-server and one coordinator subprocess (via
 closed-loop heartbeats (httpx.AsyncClient, keep-alive) for a fixed time.
 
 Run: python bench/heartbeat.py [--seconds 10]   (about a minute in total)
+
+Then a paced fleet at the default heartbeat interval (3 s) and the server's
+default rate limits: the largest group the defaults allow (1,024 members)
+joins at once and heartbeats once per interval; every 429 is counted, and the
+busiest heartbeat-interval window is compared with the per-group limit.
 """
 
 from __future__ import annotations
@@ -84,6 +89,8 @@ class Result:
     #: Bytes the coordinator sent to Redis (INFO stats total_net_input_bytes):
     #: every command and script argument, so an upper bound of what it wrote.
     redis_bytes: int = 0
+    #: Answers 429 TOO_MANY_REQUESTS (rate limited): 0 for a healthy fleet.
+    limited: int = 0
 
     @property
     def rate(self) -> float:
@@ -105,7 +112,7 @@ class Result:
         return (
             f"{self.name:<52} {self.rate:8.0f}/s  p50 {self.pct(0.5):6.1f} ms  "
             f"p99 {self.pct(0.99):6.1f} ms  server CPU {self.cpu_ms:5.2f} ms/req  "
-            f"Redis in {self.bytes_per_req:8.0f} B/req"
+            f"Redis in {self.bytes_per_req:8.0f} B/req  429s {self.limited}"
         )
 
 
@@ -148,6 +155,7 @@ async def _measure(
     concurrency: int = CONNECTIONS,
 ) -> Result:  # fmt: skip
     latencies: list[float] = []
+    limited = 0
     stop = time.monotonic() + seconds
     assert coord.pid is not None
     bytes0 = await _redis_input_bytes(redis_url)
@@ -156,6 +164,7 @@ async def _measure(
     async def loop(mine: list[Member]) -> None:
         # One worker per connection, cycling through its members: thousands
         # of coroutines queueing on httpx's pool would measure the pool.
+        nonlocal limited
         n = 0
         while time.monotonic() < stop:
             m = mine[n % len(mine)]
@@ -167,6 +176,9 @@ async def _measure(
                 r.raise_for_status()
             else:
                 r = await http.post(path, json=m.body())
+                if r.status_code == 429:
+                    limited += 1
+                    continue
                 r.raise_for_status()
                 m.apply(r.json())
             latencies.append(time.perf_counter() - started)
@@ -177,7 +189,89 @@ async def _measure(
     elapsed = time.monotonic() - t0
     cpu = _cpu_seconds(coord.pid) - cpu0
     written = await _redis_input_bytes(redis_url) - bytes0
-    return Result(name, len(latencies), elapsed, latencies, cpu, written)
+    return Result(name, len(latencies), elapsed, latencies, cpu, written, limited)
+
+
+@dataclass
+class FleetResult:
+    members: int
+    sent: int
+    statuses: dict[int, int]
+    busiest_window: int
+    limit: int
+    seconds: float
+
+    def line(self) -> str:
+        return (
+            f"paced fleet, 1 group x {self.members} members at the default 3 s interval: "
+            f"{self.sent} requests in {self.seconds:.1f} s ({self.sent / self.seconds:.0f}/s, "
+            f"paced target {self.members / 3:.0f}/s), "
+            f"HTTP statuses {dict(sorted(self.statuses.items()))}, "
+            f"429s {self.statuses.get(429, 0)}; busiest 3 s window {self.busiest_window} "
+            f"vs limit {self.limit} per group (headroom {self.limit / self.busiest_window:.1f}x)"
+        )
+
+
+async def _paced_fleet(coord: CoordinatorProcess, seconds: float, members: int) -> FleetResult:
+    """Every member joins at once, then heartbeats once per interval (jittered start)."""
+    interval = 3.0  # the server's default HEARTBEAT_INTERVAL_MS
+    limit = 10 * 1024  # default HEARTBEAT_RATE_MULTIPLE x MAX_MEMBERS_PER_GROUP
+    limits = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
+    statuses: dict[int, int] = {}
+    sent_at: list[float] = []
+    slots = asyncio.Semaphore(CONNECTIONS)
+    async with httpx.AsyncClient(
+        base_url=coord.url, limits=limits, timeout=30, auth=coord.member_auth
+    ) as http:
+        r = await http.post(f"{API}/streams/bench/groups/fleet",
+                            json={"initialShardCount": 16, "requestedBy": "bench"},
+                            auth=coord.admin_auth)  # fmt: skip
+        r.raise_for_status()
+        fleet = [Member("fleet", f"f{i}") for i in range(members)]
+        start = time.monotonic()
+        stop = start + seconds
+
+        async def beat(m: Member) -> None:
+            path = f"{API}/streams/bench/groups/fleet/members/{m.member_id}/heartbeat"
+            async with slots:
+                for _attempt in range(3):
+                    sent_at.append(time.monotonic())
+                    try:
+                        r = await http.post(path, json=m.body())
+                        break
+                    except httpx.TransportError:
+                        # A keep-alive connection the server closed as it was
+                        # reused: resent, as a consumer's client does.
+                        continue
+                else:
+                    raise RuntimeError(f"heartbeat of {m.member_id} failed three times")
+            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+            if r.status_code == 200:
+                m.apply(r.json())
+
+        async def member(m: Member, offset: float) -> None:
+            await beat(m)  # the cold start: everyone joins at once
+            next_at = start + offset
+            while True:
+                next_at += interval
+                if next_at >= stop:
+                    return
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                await beat(m)
+
+        await asyncio.gather(*(member(m, interval * i / members) for i, m in enumerate(fleet)))
+        r = await http.request("DELETE", f"{API}/streams/bench/groups/fleet",
+                               json={"requestedBy": "bench", "reason": "bench", "force": True},
+                               auth=coord.admin_auth)  # fmt: skip
+        r.raise_for_status()
+    sent_at.sort()
+    busiest, lo = 0, 0
+    for hi, t in enumerate(sent_at):  # sliding 3 s window over the send times
+        while sent_at[lo] < t - interval:
+            lo += 1
+        busiest = max(busiest, hi - lo + 1)
+    span = sent_at[-1] - sent_at[0] if len(sent_at) > 1 else 1.0
+    return FleetResult(members, len(sent_at), statuses, busiest, limit, span)
 
 
 async def _scenario(
@@ -226,6 +320,14 @@ async def _scenario(
         return results
 
 
+async def _fleet_only(seconds: float, members: int) -> None:
+    with RedisServer() as redis, CoordinatorProcess(
+        redis.url, heartbeat_interval_ms=3000, member_lease_ttl_ms=60_000,
+        rebalance_timeout_ms=60_000, tick_interval_ms=1000,
+    ) as coord:  # fmt: skip
+        print((await _paced_fleet(coord, max(seconds, 12.0), members)).line())
+
+
 async def _main(seconds: float) -> None:
     print(f"machine: {os.cpu_count()} cores; closed loop, {CONNECTIONS} keep-alive connections; "
           f"client, coordinator and redis-server share the machine")  # fmt: skip
@@ -238,8 +340,10 @@ async def _main(seconds: float) -> None:
         # group cannot have more), so only the group size differs.
         (big,) = await _scenario(redis.url, coord, 1, 1000, seconds, False, concurrency=10)
         (small,) = await _scenario(redis.url, coord, 1, 10, seconds, trivial_too=False)
+        fleet = await _paced_fleet(coord, max(seconds, 12.0), 1024)
     for result in (hb, trivial, big, small):
         print(result.line())
+    print(fleet.line())
     print(f"heartbeat/trivial throughput ratio: {hb.rate / trivial.rate:.2f}")
     print(f"1x1000 vs 1x10 per-heartbeat server CPU ratio: {big.cpu_ms / small.cpu_ms:.2f}")
     print(f"1x1000 vs 1x10 per-heartbeat wall-time ratio (1/throughput): "
@@ -249,7 +353,13 @@ async def _main(seconds: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each scenario")
-    asyncio.run(_main(parser.parse_args().seconds))
+    parser.add_argument("--fleet-only", action="store_true", help="only the paced fleet")
+    parser.add_argument("--fleet-members", type=int, default=1024, help="with --fleet-only")
+    args = parser.parse_args()
+    if args.fleet_only:
+        asyncio.run(_fleet_only(args.seconds, args.fleet_members))
+    else:
+        asyncio.run(_main(args.seconds))
 
 
 if __name__ == "__main__":

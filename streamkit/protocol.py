@@ -681,6 +681,15 @@ class HealthResponse(WireModel):
     coordinator_id: str | None = None
     redis: str | None = None
     loop: str | None = None
+    # streamkit's own, beside the contract's four: why the status is not UP
+    # (empty when it is), and the facts it was decided from.
+    reasons: list[str] | None = None
+    terminating: bool | None = None
+    tick_lag_seconds: float | None = None
+    tick_interval_seconds: float | None = None
+    schema_version: int | None = None
+    layout_version: int | None = None
+    unreadable_groups: list[str] | None = None
 
 
 class ErrorResponse(WireModel):

@@ -50,6 +50,9 @@ class TickLoop:
         self.last_pass_started: float | None = None
         self.last_error: str | None = None
         self.running = False
+        #: "<prefix>/<group>" of the groups the last pass could not use
+        #: (unknown schema/layout version, corrupt): health reports them.
+        self.unreadable: tuple[str, ...] = ()
         self._last_rebuild = 0.0
         self._exported: set[tuple[str, str]] = set()
 
@@ -97,6 +100,7 @@ class TickLoop:
         streams: dict[str, list[str]] = {}
         migrating: set[str] = set()
         seen: set[tuple[str, str]] = set()
+        unreadable: list[str] = []
         for prefix, group in await store.indexed_groups():
             if service.gate.terminating:
                 return
@@ -117,7 +121,9 @@ class TickLoop:
             except MutexTimeout:
                 continue  # someone else is in the group's critical section
             except StoreError as exc:
+                unreadable.append(f"{prefix}/{group}")
                 log.error("not ticking %s: %s", keys.metadata, exc)
+        self.unreadable = tuple(unreadable)
         self._forget(seen)
         if self.resharding is not None:
             for prefix in sorted(migrating):

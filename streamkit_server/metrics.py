@@ -12,7 +12,16 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["Metrics", "RouteFigures", "bucket_quantile"]
+__all__ = [
+    "AUDIT_STREAM_FAILURES",
+    "COMPATIBILITY_KINDS",
+    "Metrics",
+    "RouteFigures",
+    "bucket_quantile",
+]
+
+COMPATIBILITY_KINDS = ("redis_command", "coordination_version")
+AUDIT_STREAM_FAILURES = ("redis_error", "queue_full")
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -157,6 +166,26 @@ class Metrics:
             group,
             registry=r,
         )
+        # Bounded labels: both are fixed sets, created up front so the series
+        # exist (at 0) before the first failure and rate() works at once.
+        self.compatibility_failures = Counter(
+            "redis_stream_coord_command_compatibility_failure_total",
+            "Requests refused for compatibility: kind=redis_command (Redis refused a command "
+            "the coordinator needs: unknown, renamed or denied by an ACL), "
+            "kind=coordination_version (a client's protocol version is not supported).",
+            ["kind"],
+            registry=r,
+        )
+        for kind in COMPATIBILITY_KINDS:
+            self.compatibility_failures.labels(kind)
+        self.audit_stream_failures = Counter(
+            "redis_stream_coord_audit_stream_failure_total",
+            "Audit records not copied to the Redis audit stream (the log line was written).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in AUDIT_STREAM_FAILURES:
+            self.audit_stream_failures.labels(reason)
         self.redis_errors = Counter(
             "redis_stream_coord_redis_errors_total",
             "Requests failed because Redis was unreachable or timed out.",

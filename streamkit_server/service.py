@@ -476,6 +476,8 @@ class CoordinatorService:
                 rebalance_timeout_ms=self.config.rebalance_timeout_ms,
             )
         self.metrics.heartbeats.labels(str(response.status)).inc()
+        if response.status is HeartbeatStatus.UNSUPPORTED_PROTOCOL:
+            self.metrics.compatibility_failures.labels("coordination_version").inc()
         self.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
         return response
 

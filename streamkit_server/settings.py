@@ -7,6 +7,7 @@ because it would look configured while protecting nothing.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 from pydantic import Field, SecretStr, model_validator
@@ -76,6 +77,14 @@ class ServerSettings(BaseSettings):
     # Heartbeats per group per heartbeat interval, as a multiple of the most
     # members a group may have: each member sends one per interval.
     heartbeat_rate_multiple: int = Field(default=10, ge=0)
+    # Also copy every audit record to this Redis stream (a key name; None:
+    # log only), trimmed to about AUDIT_STREAM_MAXLEN entries.  Written off
+    # the request path: a Redis error never fails a request.
+    audit_stream: str | None = Field(default=None, min_length=1)
+    audit_stream_maxlen: int = Field(default=100_000, ge=1)
+    # "host:port" of a second listener serving only /metrics, without
+    # credentials; loopback addresses only (a sidecar or node agent scrapes it).
+    metrics_listen: str | None = None
     log_level: str = "info"
     access_log: bool = False
 
@@ -92,6 +101,7 @@ class ServerSettings(BaseSettings):
                     "generated, or give a real value"
                 )
         self.coordinator_config()  # raises ValueError on inconsistent timings
+        self.metrics_address()  # raises ValueError on a bad or non-loopback address
         self.principal_entries()  # raises ValueError on a malformed principals document
         return self
 
@@ -111,6 +121,27 @@ class ServerSettings(BaseSettings):
         if self.admin_username in out:
             raise ValueError(f"principal {self.admin_username!r} is also the bootstrap admin")
         return out
+
+    def metrics_address(self) -> tuple[str, int] | None:
+        """``METRICS_LISTEN`` as (host, port); None when unset."""
+        if self.metrics_listen is None:
+            return None
+        host, sep, port_text = self.metrics_listen.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if not sep or not host or not port_text.isdigit() or int(port_text) > 65_535:
+            raise ValueError("STREAMKIT_SERVER_METRICS_LISTEN must be host:port")
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            # Unauthenticated there: a reachable address would publish every
+            # stream and group name to anyone on the network.
+            raise ValueError(
+                "STREAMKIT_SERVER_METRICS_LISTEN must be a loopback address (it serves "
+                "/metrics without credentials); scrape the main port with READ instead"
+            )
+        return host, int(port_text)
 
     def coordinator_config(self) -> CoordinatorConfig:
         return CoordinatorConfig(

@@ -130,6 +130,20 @@ def test_every_metric_is_documented() -> None:
     )
 
 
+def test_every_metric_to_alert_on_has_a_runbook_section() -> None:
+    """Seed 001/000: a runbook per alert.  Every metric whose "alert on" cell is
+    more than informational is named in an ``### Alert: ...`` section."""
+    text = OPERATIONS.read_text(encoding="utf-8")
+    runbook = text[text.index("## Runbook") :]
+    sections = re.split(r"^### ", runbook, flags=re.M)
+    alert_text = "\n".join(sec for sec in sections if sec.startswith("Alert: "))
+    rows = re.findall(r"^\| `(redis_stream_coord_\w+)` \|.*\| ([^|]*) \|$", text, re.M)
+    assert len(rows) >= 20, rows
+    missing = [name for name, alert in rows
+               if not alert.startswith("Informational") and name not in alert_text]  # fmt: skip
+    assert not missing, f"metrics to alert on without an 'Alert:' runbook section: {missing}"
+
+
 _CODE_PATTERNS = (
     re.compile(r"ApiError\(\s*\d{3},\s*\"([A-Z][A-Z0-9_]+)\""),
     re.compile(r"CoordinatorError\(\s*\"([A-Z][A-Z0-9_]+)\""),

@@ -27,6 +27,7 @@ from streamkit_server.api.audit import AuditMiddleware
 from streamkit_server.api.console import mount_console
 from streamkit_server.api.deps import authorize
 from streamkit_server.api.errors import BodyLimitMiddleware, install_error_handlers
+from streamkit_server.api.links import add_links
 from streamkit_server.api.runtime import Runtime
 from streamkit_server.settings import ServerSettings
 
@@ -139,6 +140,7 @@ def create_app(
             }
             schema["security"] = [{"bearerAuth": []}, {"basicAuth": []}]
             _declare_400_not_422(schema)
+            add_links(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -1,9 +1,11 @@
 """The audit log: one JSON line per admin mutation and per refused request.
 
 Records go to the logger ``streamkit_server.audit`` (route it to its own
-sink).  A record names the principal (or the username a failed Basic login
-tried), never a password, token or body: the body is represented by its
-sha256, and only ``requestedBy``/``reason`` are read out of it.
+sink) and, with ``STREAMKIT_SERVER_AUDIT_STREAM``, to a capped Redis stream
+(``streamkit_server.audit_stream``).  A record names the principal (or the
+username a failed Basic login tried), never a password, token or body: the
+body is represented by its sha256, and only ``requestedBy``/``reason`` are
+read out of it.
 """
 
 from __future__ import annotations
@@ -31,8 +33,14 @@ REFUSALS: Final = frozenset({400, 401, 403, 404, 409, 413, 422, 429})
 _FIELDS_MAX: Final = 256
 
 
-def _emit(record: dict[str, Any]) -> None:
-    audit_log.info(json.dumps(record, separators=(",", ":"), sort_keys=True, default=str))
+def _emit(scope: Scope, record: dict[str, Any]) -> None:
+    line = json.dumps(record, separators=(",", ":"), sort_keys=True, default=str)
+    audit_log.info(line)
+    app = scope.get("app")
+    runtime = getattr(getattr(app, "state", None), "runtime", None)
+    stream = getattr(runtime, "audit_stream", None)
+    if stream is not None:
+        stream.submit(line)  # queued, never awaited: Redis cannot slow the answer
 
 
 def _from_body(body: bytes, field: str) -> str | None:
@@ -122,7 +130,7 @@ class AuditMiddleware:
                     record = _base(scope, b"".join(chunks), status, started)
                     record["kind"] = "mutation" if state.get("audit_mutation") else "refusal"
                     record["errorCode"] = _error_code(b"".join(answer))
-                    _emit(record)
+                    _emit(scope, record)
                 except Exception:  # an audit bug must not drop the connection
                     audit_log.exception("could not write an audit record")
 

@@ -15,7 +15,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MasterDownError, ReadOnlyError
+from redis.exceptions import MasterDownError, NoPermissionError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,7 +28,7 @@ from streamkit_server.ratelimit import RateLimited
 from streamkit_server.security import AuthError
 from streamkit_server.store import StoreError
 
-__all__ = ["BodyLimitMiddleware", "error_response", "install_error_handlers"]
+__all__ = ["BodyLimitMiddleware", "error_response", "install_error_handlers", "is_command_refusal"]
 
 log = logging.getLogger("streamkit_server.api")
 
@@ -192,6 +192,36 @@ async def _redis(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+def is_command_refusal(exc: BaseException) -> bool:
+    """Redis refused a command itself (renamed, disabled or denied by an ACL).
+
+    Start-up checks every command the coordinator needs; this catches what
+    changed afterwards (an ACL edit, a managed-Redis switch).
+    """
+    if isinstance(exc, NoPermissionError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, ResponseError) and text.startswith(
+        ("unknown command", "unknown subcommand", "err unknown command")
+    )
+
+
+async def _response_error(request: Request, exc: Exception) -> JSONResponse:
+    if not is_command_refusal(exc):
+        return await _unexpected(request, exc)
+    runtime = getattr(request.app.state, "runtime", None)
+    if runtime is not None:
+        runtime.metrics.compatibility_failures.labels("redis_command").inc()
+    log.error("Redis refused a command the coordinator needs: %s", exc)
+    # 503: nothing the client changes helps; an operator restores the command.
+    return error_response(
+        503,
+        "REDIS_COMMAND_UNSUPPORTED",
+        f"Redis refused a command the coordinator needs: {exc}",
+        {"Retry-After": "1"},
+    )
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
     return error_response(500, "INTERNAL_ERROR", "internal error; see the coordinator log")
@@ -215,7 +245,7 @@ def status_for(exc: BaseException) -> int:
         | RedisTimeoutError
         | ReadOnlyError
         | MasterDownError,
-    ):
+    ) or is_command_refusal(exc):
         return 503
     return 500
 
@@ -235,6 +265,7 @@ def install_error_handlers(app: FastAPI) -> None:
     # primary): retryable, like an unreachable Redis, never a 500.
     app.add_exception_handler(ReadOnlyError, _redis)
     app.add_exception_handler(MasterDownError, _redis)
+    app.add_exception_handler(ResponseError, _response_error)
     app.add_exception_handler(Exception, _unexpected)
 
 

@@ -33,6 +33,7 @@ from streamkit.routing import stream_key
 from streamkit.version import package_version
 from streamkit_server import views
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
+from streamkit_server.api.errors import is_command_refusal
 from streamkit_server.core import LAYOUT_VERSION, SCHEMA_VERSION, GroupMetadata
 from streamkit_server.errors import ApiError
 from streamkit_server.security import Principal
@@ -191,7 +192,9 @@ async def _shard_facts(client: RedisClient, group: GroupMetadata, shard: int) ->
     key = stream_key(group.stream_prefix, shard)
     try:
         info = await client.xinfo_stream(key)
-    except ResponseError:  # no such key (retired or deleted shard)
+    except ResponseError as exc:  # no such key (retired or deleted shard)
+        if is_command_refusal(exc):  # but XINFO denied is not a missing shard
+            raise
         return views.ShardFacts(shard, False, 0, None, None, None, None, None, None,
                                 _node_endpoint(client, key))  # fmt: skip
     first, last = info.get("first-entry"), info.get("last-entry")

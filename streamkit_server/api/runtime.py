@@ -12,12 +12,16 @@ from typing import Any
 import redis.asyncio
 from redis.exceptions import RedisError
 
-from streamkit.protocol import HealthResponse, HealthStatus
+from streamkit.protocol import HealthResponse
+from streamkit_server.audit_stream import AuditStream
+from streamkit_server.core import LAYOUT_VERSION, SCHEMA_VERSION
 from streamkit_server.dead_letters import DeadLetters
 from streamkit_server.drain import DrainProber
 from streamkit_server.gate import TerminatingGate
+from streamkit_server.health import HealthFacts, assess
 from streamkit_server.loop import TickLoop
 from streamkit_server.metrics import Metrics
+from streamkit_server.metrics_listener import MetricsListener
 from streamkit_server.provisioning import Provisioner
 from streamkit_server.ratelimit import RateLimiter
 from streamkit_server.resharding import ReshardingService
@@ -30,8 +34,6 @@ from streamkit_server.token_secret import shared_token_secret
 __all__ = ["Runtime", "make_redis_client"]
 
 log = logging.getLogger("streamkit_server")
-
-_SLOW_REDIS_S = 0.25
 
 
 def make_redis_client(settings: ServerSettings) -> RedisClient:
@@ -72,6 +74,8 @@ class Runtime:
         self.tick_loop: TickLoop | None = None
         self.limiter: RateLimiter | None = None
         self._tick_task: asyncio.Task[None] | None = None
+        self.audit_stream: AuditStream | None = None
+        self.metrics_listener: MetricsListener | None = None
 
     @property
     def client(self) -> RedisClient:
@@ -116,6 +120,20 @@ class Runtime:
             log.warning("could not rebuild the group index at start-up: %s", exc)
         self.tick_loop = TickLoop(self._service, self.settings.tick_interval_ms, self._resharding)
         self._tick_task = asyncio.create_task(self.tick_loop.run(), name="streamkit-tick")
+        if self.settings.audit_stream is not None:
+            self.audit_stream = AuditStream(
+                self._client,
+                self.settings.audit_stream,
+                self.settings.audit_stream_maxlen,
+                self.metrics.audit_stream_failures,
+                self.coordinator_id,
+            )
+            self.audit_stream.start()
+        address = self.settings.metrics_address()
+        if address is not None:
+            self.metrics_listener = MetricsListener(self.metrics.registry, *address)
+            await self.metrics_listener.start()
+            log.info("serving /metrics without credentials on %s", self.settings.metrics_listen)
 
     def begin_terminating(self) -> None:
         """Close the gate: new heartbeats/mutations get 503; the tick stops scheduling."""
@@ -132,40 +150,46 @@ class Runtime:
             self._tick_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._tick_task
+        if self.metrics_listener is not None:
+            await self.metrics_listener.stop()
+        if self.audit_stream is not None:
+            await self.audit_stream.stop()
         if self._client is not None:
             await self._client.aclose()
 
     async def health(self) -> HealthResponse:
-        status = HealthStatus.UP
+        rtt: float | None = None
+        error: str | None = None
         try:
             started = time.perf_counter()
             await asyncio.wait_for(self.client.ping(), timeout=1.0)
-            elapsed = time.perf_counter() - started
-            redis_state = f"UP ({elapsed * 1000:.1f} ms)"
-            if elapsed > _SLOW_REDIS_S:
-                status = HealthStatus.DEGRADED
-                redis_state = f"SLOW ({elapsed * 1000:.0f} ms)"
+            rtt = time.perf_counter() - started
         except (RedisError, OSError, TimeoutError) as exc:
-            status = HealthStatus.DOWN
-            redis_state = f"DOWN ({type(exc).__name__}: {exc})"
-        loop_state = "UP"
+            # redis-py messages name host and port, never the URL's password.
+            error = f"{type(exc).__name__}: {exc}"
         tick = self.tick_loop
-        if self.gate.terminating:
-            loop_state = "TERMINATING"
-            if status is HealthStatus.UP:
-                status = HealthStatus.DEGRADED
-        elif tick is None or not tick.running:
-            loop_state = "STOPPED"
-            if status is HealthStatus.UP:
-                status = HealthStatus.DEGRADED
-        else:
-            lag = tick.lag_seconds()
-            if lag is not None and lag > max(2.0, 5 * tick.interval_s):
-                loop_state = f"LAGGING ({lag:.1f} s behind)"
-                if status is HealthStatus.UP:
-                    status = HealthStatus.DEGRADED
-            elif tick.last_error:
-                loop_state = f"FAILING ({tick.last_error})"
+        interval_s = self.settings.tick_interval_ms / 1000
+        facts = HealthFacts(
+            redis_rtt_s=rtt,
+            redis_error=error,
+            terminating=self.gate.terminating,
+            loop_running=tick is not None and tick.running,
+            tick_lag_s=tick.lag_seconds() if tick is not None else None,
+            tick_interval_s=interval_s,
+            tick_error=tick.last_error if tick is not None else None,
+            unreadable_groups=tick.unreadable if tick is not None else (),
+        )
+        verdict = assess(facts)
         return HealthResponse(
-            status=status, coordinator_id=self.coordinator_id, redis=redis_state, loop=loop_state
+            status=verdict.status,
+            coordinator_id=self.coordinator_id,
+            redis=verdict.redis,
+            loop=verdict.loop,
+            reasons=list(verdict.reasons),
+            terminating=facts.terminating,
+            tick_lag_seconds=None if facts.tick_lag_s is None else round(facts.tick_lag_s, 3),
+            tick_interval_seconds=interval_s,
+            schema_version=SCHEMA_VERSION,
+            layout_version=LAYOUT_VERSION,
+            unreadable_groups=list(facts.unreadable_groups),
         )
