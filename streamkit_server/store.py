@@ -426,7 +426,8 @@ class MetadataStore:
                     result = Loaded(keys, revision, write_id, cached.updated_at, group)
                     self._parsed[keys.metadata] = result
                     return CommitResult(True, revision, result)
-                return self._loaded(keys, self._parsed.get(keys.metadata), reply)
+                # The script compared with ``cached``: a delta applies to it.
+                return self._loaded(keys, cached, reply)
             except _StaleCache:
                 # As in ``load``: read everything; the mutex is ours already.
                 self._parsed.pop(keys.metadata, None)
