@@ -37,12 +37,10 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
-import base64
 import json
 import multiprocessing
 import os
 import random
-import re
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -50,6 +48,7 @@ from typing import Any
 
 import httpx
 from heartbeat import API, Member, _cpu_seconds, _redis_input_bytes
+from rawhttp import Pipe, basic_head
 
 from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -66,37 +65,14 @@ SETTINGS = {
 STREAM = "fleet"
 
 
-@dataclass(eq=False)
-class Wired(Member):
-    """A simulated member whose request bytes are encoded once per state."""
-
-    wire: bytes = b""
-    wire_key: tuple[Any, ...] = ()
-    last_answer: bytes = b""
-
-    def request(self, head: bytes) -> bytes:
-        key = (self.epoch, self.version, frozenset(self.owned), frozenset(self.revoked))
-        if key != self.wire_key:
-            body = json.dumps(self.body(), separators=(",", ":")).encode()
-            path = f"{API}/streams/{STREAM}/groups/{self.group}/members/{self.member_id}/heartbeat"
-            self.wire = (
-                f"POST {path} HTTP/1.1\r\n".encode()
-                + head
-                + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
-            self.wire_key = key
-        return self.wire
-
-
 @dataclass
 class Readers:
     """Who reads each shard, from the answers; counts two readers at once."""
 
-    readers: dict[tuple[str, int], Wired] = field(default_factory=dict)
+    readers: dict[tuple[str, int], Member] = field(default_factory=dict)
     violations: int = 0
 
-    def record(self, member: Wired, before: set[int]) -> None:
+    def record(self, member: Member, before: set[int]) -> None:
         for shard in before - member.owned:
             if self.readers.get((member.group, shard)) is member:
                 del self.readers[(member.group, shard)]
@@ -109,40 +85,11 @@ class Readers:
             self.readers[(member.group, shard)] = member
 
 
-_LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
-
-
-class Pipe:
-    """One keep-alive HTTP/1.1 connection that sends requests in pipelined batches."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    @classmethod
-    async def open(cls, url: str) -> Pipe:
-        host, port = url.removeprefix("http://").split(":")
-        return cls(*await asyncio.open_connection(host, int(port)))
-
-    async def exchange(self, requests: list[bytes]) -> list[tuple[int, bytes]]:
-        self.writer.write(b"".join(requests))
-        answers = []
-        for _ in requests:
-            head = await self.reader.readuntil(b"\r\n\r\n")
-            status = int(head[9:12])
-            match = _LENGTH.search(head)
-            body = await self.reader.readexactly(int(match.group(1))) if match else b""
-            answers.append((status, body))
-        return answers
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 @dataclass
 class Lane:
     """Members served in rounds: a pipelined batch per coordinator per round."""
 
-    members: list[Wired]
+    members: list[Member]
     pipes: list[Pipe]
     head: bytes
     readers: Readers
@@ -151,16 +98,16 @@ class Lane:
     errors: int = 0
     cursor: int = 0
 
-    async def round(self, chosen: list[Wired], record: bool) -> None:
-        by_pipe: list[list[Wired]] = [[] for _ in self.pipes]
+    async def round(self, chosen: list[Member], record: bool) -> None:
+        by_pipe: list[list[Member]] = [[] for _ in self.pipes]
         for member in chosen:
             by_pipe[random.randrange(len(self.pipes))].append(member)
 
-        async def one(pipe: Pipe, members: list[Wired]) -> None:
+        async def one(pipe: Pipe, members: list[Member]) -> None:
             if not members:
                 return
             started = time.perf_counter()
-            answers = await pipe.exchange([m.request(self.head) for m in members])
+            answers = await pipe.exchange([m.request(self.head, STREAM) for m in members])
             elapsed = time.perf_counter() - started
             for member, (status, body) in zip(members, answers, strict=True):
                 if record:
@@ -194,12 +141,9 @@ async def _client(
     urls: list[str], auth: tuple[str, str], groups: list[str], args: argparse.Namespace,
     conn: Connection,
 ) -> None:  # fmt: skip
-    token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
-    head = (
-        f"Host: bench\r\nAuthorization: Basic {token}\r\nContent-Type: application/json\r\n"
-    ).encode()
+    head = basic_head(auth)
     # Interleaved: member i of every group, then member i+1 ...
-    members = [Wired(g, f"m{i}") for i in range(args.members) for g in groups]
+    members = [Member(g, f"m{i}") for i in range(args.members) for g in groups]
     readers = Readers()
     lanes = []
     for n in range(args.lanes):
