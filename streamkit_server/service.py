@@ -5,6 +5,10 @@ Every mutation of a group runs through ``GroupExecutor.submit``:
 1. a per-process, per-group ``asyncio.Lock`` (the "local monitor" of seed 000)
    so requests of one process queue locally instead of spinning on Redis;
 2. the group mutex in Redis, taken together with the load (one Lua script);
+   or, for a batch that only writes member records (a steady heartbeat), no
+   mutex: the batch is applied to this process's parsed copy and one script
+   writes it if Redis still holds exactly that copy (revision and write id),
+   else takes the mutex and loads in the same round trip (``_steady``);
 3. the pure core (``handle_heartbeat`` / ``tick`` / ...) on the loaded value,
    which returns ``Result(state, changes, response)``;
 4. a revision CAS write of ``changes`` (only the member records, for a steady
@@ -71,7 +75,7 @@ from streamkit_server.metrics import Metrics
 from streamkit_server.mutex import MutexTimeout, lock_and_load
 from streamkit_server.provisioning import Provisioner
 from streamkit_server.settings import ServerSettings
-from streamkit_server.store import GroupKeys, Loaded, MetadataStore
+from streamkit_server.store import CommitResult, GroupKeys, Loaded, MetadataStore, MutexBusy
 from streamkit_server.streams import (
     Ordering,
     StreamLock,
@@ -170,12 +174,17 @@ class GroupExecutor:
     async def _run(self, keys: GroupKeys, batch: list[_Item]) -> None:
         self.metrics.batch_size.observe(len(batch))
         try:
+            first = await self._steady(keys, batch)
+            if first is True:
+                return
+            locked = first if isinstance(first, _Locked) else None
             server_changed = False
             for _attempt in range(_MAX_ATTEMPTS):
-                outcome = await self._attempt(keys, batch, server_changed)
+                outcome = await self._attempt(keys, batch, server_changed, locked)
                 if outcome is _Attempt.DONE:
                     return
                 server_changed = outcome is _Attempt.SERVER_CHANGED
+                locked = None
             for item in batch:
                 _fail(item, MutexTimeout(f"{keys.metadata}: gave up after repeated CAS conflicts"))
         except BaseException as exc:
@@ -183,6 +192,49 @@ class GroupExecutor:
                 _fail(item, exc)
             if not isinstance(exc, Exception):
                 raise
+
+    async def _steady(self, keys: GroupKeys, batch: list[_Item]) -> _Locked | bool:
+        """The batch in one round trip, when this process's copy is current.
+
+        The batch is applied to the parsed copy of the group; when that is a
+        member-only write, one script writes it if Redis still holds exactly
+        that copy (and no one holds the mutex).  True: answered.  Otherwise
+        the script has taken the mutex and loaded, as ``lock_and_load``'s
+        first try would: the ``_Locked`` to rerun the batch from; False: not
+        tried, or the mutex was busy.
+        """
+        cached = self.store.cached(keys)
+        seen = self._seen.get(keys.metadata)
+        if (
+            cached is None
+            or cached.layout_version != LAYOUT_VERSION
+            # Only a copy this process loaded under the mutex or wrote: one
+            # refreshed by a read-only load may be a lower revision than
+            # this process saw (Redis went back), and only the locked path
+            # opens the correction round for that.
+            or seen is None
+            or seen.revision != cached.revision
+            or seen.lifecycle != cached.group.created_at_ms
+        ):
+            return False
+        now = now_ms()
+        state, changes, outcomes = _apply(cached.group, batch, now)
+        merged = merge_changes(changes)
+        if state is None or not merged or not steady(merged):
+            return False
+        token = self.store.new_token()
+        try:
+            reply = await self.store.commit_steady(
+                cached, state, merged, token, self.settings.mutex_ttl_ms
+            )
+        except MutexBusy:
+            return False
+        if not isinstance(reply, CommitResult):
+            return _Locked(token, reply)
+        self._observe(keys, state, reply.revision or 0)
+        self._after_write(keys, cached.group, state, merged)
+        _answer(batch, outcomes)
+        return True
 
     def _observe(
         self, keys: GroupKeys, group: GroupMetadata, revision: int, server_changed: bool = False
@@ -218,23 +270,33 @@ class GroupExecutor:
             )
         return observation.regressed_from_version
 
-    async def _attempt(self, keys: GroupKeys, batch: list[_Item], server_changed: bool) -> _Attempt:
+    async def _attempt(
+        self,
+        keys: GroupKeys,
+        batch: list[_Item],
+        server_changed: bool,
+        locked: _Locked | None = None,
+    ) -> _Attempt:
         """One load/apply/write round, rerun unless DONE.
 
         ``server_changed``: the last attempt's write was refused because
         another Redis server incarnation stamped the group; this one opens a
-        correction round first (see ``store._COMMIT``).
+        correction round first (see ``store._COMMIT``).  ``locked``: the mutex
+        is held already and the group loaded with it.
         """
-        token = self.store.new_token()
-        loaded = await lock_and_load(
-            self.store, keys, token, self.settings.mutex_ttl_ms, self.settings.mutex_wait_ms
-        )
+        if locked is None:
+            token = self.store.new_token()
+            loaded = await lock_and_load(
+                self.store, keys, token, self.settings.mutex_ttl_ms, self.settings.mutex_wait_ms
+            )
+        else:
+            token, loaded = locked.token, locked.loaded
         committed = False
         try:
             now = now_ms()
             before = loaded.group if loaded is not None else None
             state = before
-            changes: list[tuple[Change, ...]] = []
+            opened: list[tuple[Change, ...]] = []
             if loaded is not None:
                 regressed = self._observe(keys, loaded.group, loaded.revision, server_changed)
                 if regressed is not None:
@@ -242,20 +304,11 @@ class GroupExecutor:
                     # open the correction round itself instead of waiting for a
                     # client to report a higher version (no shard moves for one
                     # member lease).
-                    opened = begin_correction(loaded.group, now, self.config, regressed)
-                    state = opened.state
-                    changes.append(opened.changes)
-            outcomes: dict[int, Any] = {}
-            for position, item in enumerate(batch):
-                try:
-                    result = item.op(state, now)
-                except Rejected as exc:
-                    outcomes[position] = exc
-                    continue
-                state = result.state
-                changes.append(result.changes)
-                outcomes[position] = result.response
-            merged = merge_changes(changes)
+                    correction = begin_correction(loaded.group, now, self.config, regressed)
+                    state = correction.state
+                    opened.append(correction.changes)
+            state, changes, outcomes = _apply(state, batch, now)
+            merged = merge_changes([*opened, *changes])
             if not merged and loaded is not None and loaded.layout_version != LAYOUT_VERSION:
                 merged = (GroupDocumentChanged(),)  # upgrade in place, under the mutex
             if not merged:
@@ -280,12 +333,7 @@ class GroupExecutor:
                     return _Attempt.RERUN
                 self._observe(keys, state, written.revision or 0)
                 self._after_write(keys, before, state, merged)
-            for position, item in enumerate(batch):
-                outcome = outcomes.get(position)
-                if isinstance(outcome, BaseException):
-                    _fail(item, outcome)
-                elif not item.future.done():
-                    item.future.set_result(outcome)
+            _answer(batch, outcomes)
             return _Attempt.DONE
         finally:
             if not committed and loaded is not None:
@@ -321,6 +369,42 @@ class GroupExecutor:
         if problems:
             self.metrics.invariant_violations.inc(len(problems))
             log.error("invariant violations in %s: %s", keys.metadata, "; ".join(problems))
+
+
+@dataclass(frozen=True, slots=True)
+class _Locked:
+    """The group mutex taken with ``token`` and the group loaded with it."""
+
+    token: str
+    loaded: Loaded | None
+
+
+def _apply(
+    state: GroupMetadata | None, batch: list[_Item], now: int
+) -> tuple[GroupMetadata | None, list[tuple[Change, ...]], dict[int, Any]]:
+    """Run the batch's operations in order: the state after them, their changes, and
+    each one's response or ``Rejected`` (by position)."""
+    changes: list[tuple[Change, ...]] = []
+    outcomes: dict[int, Any] = {}
+    for position, item in enumerate(batch):
+        try:
+            result = item.op(state, now)
+        except Rejected as exc:
+            outcomes[position] = exc
+            continue
+        state = result.state
+        changes.append(result.changes)
+        outcomes[position] = result.response
+    return state, changes, outcomes
+
+
+def _answer(batch: list[_Item], outcomes: dict[int, Any]) -> None:
+    for position, item in enumerate(batch):
+        outcome = outcomes.get(position)
+        if isinstance(outcome, BaseException):
+            _fail(item, outcome)
+        elif not item.future.done():
+            item.future.set_result(outcome)
 
 
 def _fail(item: _Item, exc: BaseException) -> None:

@@ -135,6 +135,28 @@ for i = 1, #all do head[7 + i] = all[i] end
 return head
 """
 
+# KEYS: mutex, metadata.  ARGV: as _LOAD (the token, ttl, then the (revision,
+# writeId) of the caller's copy, which it computed the write from), then the
+# field/value pairs of a member-only write.  When nobody holds the mutex and
+# Redis still holds exactly that copy, the fields are written and the reply
+# is {3}: a steady heartbeat in one round trip.  The revision check is what
+# makes the write safe (nothing changed since the copy, so the answer computed
+# from it is the answer the locked path would give); the free mutex is
+# courtesy: a critical section in progress would otherwise lose its own CAS.
+# Otherwise the script goes on as _LOAD (takes the mutex, reads), so falling
+# back costs no extra round trip.
+_STEADY_PRELUDE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local c = redis.call('HMGET', KEYS[2], 'revision', 'writeId', 'layoutVersion')
+  if c[1] == ARGV[3] and c[2] == ARGV[4] and c[3] == '2' then
+    for i = 6, #ARGV, 1000 do
+      redis.call('HSET', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+    end
+    return {3}
+  end
+end
+"""
+
 # KEYS: metadata, mutex.  ARGV: expected revision ('' = create, only if the key
 # is absent), mutex token, the stamp mode (below), then the fields to set as
 # pairs, an empty string, then the fields to delete.  The caller sends
@@ -286,6 +308,7 @@ class MetadataStore:
         self.index_key = f"{key_prefix}:groups"
         # Registered once; redis-py sends EVALSHA and reloads on NOSCRIPT.
         self._load: AsyncScript = client.register_script(_LOAD)
+        self._steady: AsyncScript = client.register_script(_STEADY_PRELUDE + _LOAD)
         self._commit: AsyncScript = client.register_script(_COMMIT)
         self._delete: AsyncScript = client.register_script(_DELETE)
         self._release: AsyncScript = client.register_script(_RELEASE)
@@ -338,10 +361,15 @@ class MetadataStore:
 
     async def _load_once(self, keys: GroupKeys, token: str, ttl_ms: int) -> Loaded | None:
         cached = self._parsed.get(keys.metadata)
-        known = (str(cached.revision), cached.write_id) if cached is not None else ("", "")
         reply = await self._load(
-            keys=[keys.mutex, keys.metadata], args=[token, ttl_ms, *known, WRITE_LOG_SIZE]
+            keys=[keys.mutex, keys.metadata], args=[token, ttl_ms, *_known(cached), WRITE_LOG_SIZE]
         )
+        return self._loaded(keys, cached, reply)
+
+    def _loaded(
+        self, keys: GroupKeys, cached: Loaded | None, reply: Sequence[Any]
+    ) -> Loaded | None:
+        """A ``_LOAD`` reply as a group (``cached``: the copy the script was told of)."""
         status = int(reply[0])
         if status == 0:
             raise MutexBusy(keys.mutex)
@@ -387,6 +415,55 @@ class MetadataStore:
         self._parsed[keys.metadata] = loaded
         return loaded
 
+    def cached(self, keys: GroupKeys) -> Loaded | None:
+        """This process's parsed copy of a group (possibly stale: only a write proves it)."""
+        return self._parsed.get(keys.metadata)
+
+    async def commit_steady(
+        self,
+        cached: Loaded,
+        group: GroupMetadata,
+        changes: Sequence[Change],
+        token: str,
+        ttl_ms: int,
+    ) -> CommitResult | Loaded | None:
+        """A member-only write computed from ``cached``, in one round trip when it is current.
+
+        Writes ``changes`` (``steady``, taken from ``group``) if Redis still
+        holds ``cached``'s revision and write id and no one holds the mutex:
+        returns the ``CommitResult``.  Otherwise nothing is written and this is
+        ``load(keys, token, ttl_ms)`` (same answers, same ``MutexBusy``): the
+        caller recomputes under the mutex from what it returns.
+        """
+        keys = cached.keys
+        if cached.layout_version != LAYOUT_VERSION or not steady(changes):
+            raise ValueError("commit_steady takes member-only changes to a layout-2 group")
+        revision = cached.revision + 1
+        write_id = secrets.token_hex(8)
+        records, _none = _member_fields(revision, write_id, group, changes, document=False)
+        sets = ["revision", str(revision), "writeId", write_id, *records]
+        try:
+            try:
+                reply = await self._steady(
+                    keys=[keys.mutex, keys.metadata],
+                    args=[token, ttl_ms, *_known(cached), WRITE_LOG_SIZE, *sets],
+                )
+                if int(reply[0]) == 3:
+                    self.metrics.store_writes.inc()
+                    result = Loaded(keys, revision, write_id, cached.updated_at, group)
+                    self._parsed[keys.metadata] = result
+                    return CommitResult(True, revision, result)
+                # The script compared with ``cached``: a delta applies to it.
+                return self._loaded(keys, cached, reply)
+            except _StaleCache:
+                # As in ``load``: read everything; the mutex is ours already.
+                self._parsed.pop(keys.metadata, None)
+                return await self._load_once(keys, "", 0)
+        except StoreError:
+            await self.release(keys.mutex, token)
+            self.metrics.schema_errors.inc()
+            raise
+
     async def commit(
         self,
         loaded: Loaded | None,
@@ -417,7 +494,6 @@ class MetadataStore:
         updated_at = _now_iso() if document or loaded is None else loaded.updated_at
         sets = ["revision", str(revision), "writeId", write_id]
         deletes: list[str] = []
-        written: list[str] = []
         if document:
             sets += [
                 "updatedAt",
@@ -434,17 +510,10 @@ class MetadataStore:
                 sets += [f"m:{member_id}", _member_json(member)]
             if loaded is not None:
                 deletes.append("aggregate")  # the v1 layout's single field
+            sets += _log_entry(revision, write_id, document=True, written=[])
         else:
-            for change in changes:
-                if isinstance(change, MemberUpserted):
-                    member_id = change.member.member_id
-                    member = group.members[member_id]
-                    sets += [f"m:{member_id}", _member_json(member)]
-                    written.append(member_id)
-                elif isinstance(change, MemberRemoved):
-                    deletes.append(f"m:{change.member_id}")
-        entry = [revision, write_id, 1 if document else 0, [] if document else written]
-        sets += [f"log:{revision % WRITE_LOG_SIZE}", json.dumps(entry, separators=(",", ":"))]
+            records, deletes = _member_fields(revision, write_id, group, changes, document=document)
+            sets += records
         expected = "" if loaded is None else str(loaded.revision)
         stamp = ("restamp" if restamp else "check") if document else ""
         reply = await self._commit(
@@ -567,6 +636,39 @@ def _parse_full(flat: Sequence[Any]) -> GroupMetadata:
     group = GroupMetadata.model_validate_json(document)
     group.members = members
     return group
+
+
+def _known(cached: Loaded | None) -> tuple[str, str]:
+    """The (revision, writeId) a script compares with Redis's ('' when nothing is cached)."""
+    return (str(cached.revision), cached.write_id) if cached is not None else ("", "")
+
+
+def _log_entry(revision: int, write_id: str, *, document: bool, written: list[str]) -> list[str]:
+    entry = [revision, write_id, 1 if document else 0, [] if document else written]
+    return [f"log:{revision % WRITE_LOG_SIZE}", json.dumps(entry, separators=(",", ":"))]
+
+
+def _member_fields(
+    revision: int,
+    write_id: str,
+    group: GroupMetadata,
+    changes: Sequence[Change],
+    *,
+    document: bool,
+) -> tuple[list[str], list[str]]:
+    """Fields to set (the changed member records, the log entry of ``revision``)
+    and to delete (removed members) for ``changes``."""
+    sets: list[str] = []
+    deletes: list[str] = []
+    written: list[str] = []
+    for change in changes:
+        if isinstance(change, MemberUpserted):
+            member_id = change.member.member_id
+            sets += [f"m:{member_id}", _member_json(group.members[member_id])]
+            written.append(member_id)
+        elif isinstance(change, MemberRemoved):
+            deletes.append(f"m:{change.member_id}")
+    return sets + _log_entry(revision, write_id, document=document, written=written), deletes
 
 
 def _member_json(member: MemberMetadata) -> str:

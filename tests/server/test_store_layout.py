@@ -9,13 +9,14 @@ as a full read.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from streamkit.testing import RedisTarget, redis_client
 from streamkit_server.core import GroupDocumentChanged, MemberMetadata, MemberUpserted, new_group
 from streamkit_server.metrics import Metrics
-from streamkit_server.store import GroupKeys, Loaded, MetadataStore
+from streamkit_server.store import CommitResult, GroupKeys, Loaded, MetadataStore, MutexBusy
 
 from .sim import KEY_PREFIX
 
@@ -92,3 +93,38 @@ async def test_a_restored_copy_with_the_same_revision_is_read_again_in_full(
     reloaded = await _load(a, keys)
     assert reloaded.group.shard_count == 5
     assert set(reloaded.group.members) == {"m1"}
+
+
+async def test_a_steady_write_is_one_round_trip_only_on_the_current_copy(
+    stores: tuple[MetadataStore, MetadataStore],
+) -> None:
+    a, b = stores
+    keys = a.group_keys("steady", "g")
+    created = await a.commit(None, keys, new_group("steady", "g", 4, 1), (), "")
+    assert created.loaded is not None
+    mine = await _write(a, created.loaded, MemberMetadata(member_id="m1"))
+    seen_by_b = await _load(b, keys)
+
+    def with_member(loaded: Loaded, member: MemberMetadata) -> tuple[Any, tuple[MemberUpserted]]:
+        members = {**loaded.group.members, member.member_id: member}
+        return loaded.group.model_copy(update={"members": members}), (MemberUpserted(member),)
+
+    # Current copy, free mutex: written, no mutex left behind.
+    group, changes = with_member(mine, MemberMetadata(member_id="m1", last_heartbeat_ms=5))
+    done = await a.commit_steady(mine, group, changes, "tok-a", 10_000)
+    assert isinstance(done, CommitResult) and done.ok and done.revision == mine.revision + 1
+    assert await a.client.exists(keys.mutex) == 0
+    assert (await _load(b, keys)).group.members["m1"].last_heartbeat_ms == 5
+    # b's copy is now stale: nothing written, the mutex taken and the group read instead.
+    group, changes = with_member(seen_by_b, MemberMetadata(member_id="m2"))
+    fallback = await b.commit_steady(seen_by_b, group, changes, "tok-b", 10_000)
+    assert isinstance(fallback, Loaded) and fallback.revision == done.revision
+    assert set(fallback.group.members) == {"m1"}
+    assert await b.client.get(keys.mutex) in (b"tok-b", "tok-b")
+    # While b holds the mutex, a's current copy is not written either: busy.
+    assert done.loaded is not None
+    group, changes = with_member(done.loaded, MemberMetadata(member_id="m3"))
+    with pytest.raises(MutexBusy):
+        await a.commit_steady(done.loaded, group, changes, "tok-a2", 10_000)
+    assert "m3" not in (await _load(b, keys)).group.members
+    await b.release(keys.mutex, "tok-b")
