@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -124,8 +125,13 @@ async def test_redis_rollback_is_corrected_through_sync_metadata(
 
 
 async def test_concurrent_stale_revokes_during_correction_change_nothing_unsupported(
-    coordinator: CoordinatorProcess, any_redis: RedisTarget
+    coordinator_factory: Callable[..., CoordinatorProcess], any_redis: RedisTarget
 ) -> None:
+    # Nothing here waits for a lease: a long one keeps members from expiring
+    # between heartbeats on a loaded machine, which would move shards.
+    coordinator = coordinator_factory(
+        any_redis, member_lease_ttl_ms=20_000, rebalance_timeout_ms=40_000
+    )
     async with httpx.AsyncClient() as http, redis_of(any_redis) as r:
         await create_group(http, coordinator, "stale", "g", 4)
         m1 = SimMember(http, coordinator.url, "stale", "g", "m1")
