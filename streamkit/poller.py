@@ -497,6 +497,9 @@ class ShardSession:
                     reply = await self._interruptibly(self._within_lease(read))
                 if acks:
                     reply = self._folded_reply(acks, reply)
+                    acks = []  # booked or queued again
+                    if isinstance(reply, Exception):
+                        raise reply
                 entries = _entries_of(reply)
                 tally.count = len(entries)
         except BaseException:
@@ -527,7 +530,8 @@ class ShardSession:
         return pipe.execute(raise_on_error=False)
 
     def _folded_reply(self, acks: list[bytes], replies: Any) -> Any:
-        """The read's reply out of an ``[XACK, XREADGROUP]`` pipeline; books the acks."""
+        """The read's reply (or error) out of an ``[XACK, XREADGROUP]`` pipeline;
+        books the acks, or queues them again if the XACK failed."""
         if replies is None:  # halted while blocking: the XACK's fate is unknown
             self._requeue_acks(acks)
             return None
@@ -542,8 +546,6 @@ class ShardSession:
             self._requeue_acks(acks)
         else:
             self._acked(acks, [])
-        if isinstance(read_reply, Exception):
-            raise read_reply
         return read_reply
 
     def _requeue_acks(self, acks: list[bytes]) -> None:
