@@ -13,9 +13,11 @@ Design (SPEC §5):
   starves, even when the member owns far more shards than it has tokens.
 * A session reads without ``BLOCK`` while its shard has a backlog.  Only once
   a read comes back empty, or with fewer entries than asked (the stream is
-  drained), does it block, asking for a single entry, so idle
-  shards never sit on tokens a busy shard could use.  ``BLOCK`` is bounded by
-  the remaining assignment lease, so no read outlives it.
+  drained), does it block, asking for a small share of the tokens (at most
+  half the budget over all shards), so idle shards never sit on tokens a busy
+  shard needs, and a blocking read that comes back short proves the stream
+  drained again (no empty read before the next block).  ``BLOCK`` is bounded
+  by the remaining assignment lease, so no read outlives it.
 * Before every read the session asks the member's state machine
   (``may_read``): a revoked or lost shard, or an expired lease, stops reads
   at once.  A revoke also cancels a blocking read in progress.
@@ -24,8 +26,11 @@ Design (SPEC §5):
   after the previous owner reported it drained, was fenced, or let its lease
   expire, so nobody else is reading those entries any more.
 * Acks are batched per shard: ``msg.ack()`` queues the id and one ``XACK``
-  (or ``XACKDEL`` / ``MULTI XACK+XDEL``) goes out after each batch and before
-  the shard is reported revoked.
+  goes out in the same pipeline as the shard's next read (one round trip per
+  entry at low load), or on its own before the loop waits for anything else,
+  and always before the shard is reported revoked or drained (the final
+  flush).  ``XACKDEL`` / ``MULTI XACK+XDEL`` and dead letters keep their own
+  round trip.
 * A failed entry goes through the listener's ``FailurePolicy``
   (``streamkit.failure`` decides, this module does the Redis side).  Attempts
   are Redis' delivery counter: a retry is an ``XCLAIM`` to ourselves, which

@@ -101,10 +101,11 @@ async def test_one_read_per_entry_at_low_load(
     # the previous entry's XACK in its pipeline.  Extra reads come from BLOCKs
     # cut short by the lease (a heartbeat answered late on a loaded machine
     # leaves little lease to block in, down to 5 ms), not from one quick empty
-    # read per entry (that was about ``entries`` of them).
+    # read per entry (that was about ``entries`` of them, and 2.1-2.2 reads
+    # per entry in all).  An XACK whose pipeline the lease cut is sent again.
     assert fast_empty < entries // 4, figures
-    assert reads < 1.5 * entries, figures
-    assert 0 < acks <= entries, figures
+    assert reads < 1.75 * entries, figures
+    assert acks > 0, figures
 
 
 @pytest.mark.parametrize("held", [False, True], ids=["idle-shards", "handler-running"])
