@@ -385,7 +385,7 @@ async def idle_raw(redis: Any, url: str, args: argparse.Namespace) -> dict[str, 
     for shard in range(shards):
         await redis.xgroup_create(f"{prefix}:{shard}", group, "$", mkstream=True)
     # One connection per blocked reader, as the raw loop would need anyway.
-    consumer = redis_client(RedisTarget(url=url, cluster=False))
+    consumer: Any = redis_client(RedisTarget(url=url, cluster=False))
     handled = 0
 
     async def one_shard(key: str) -> None:

@@ -109,7 +109,7 @@ class Recorder:
 async def raw_run(redis: Any, tag: str, rate: int, args: argparse.Namespace) -> dict[str, float]:
     key, group = f"raw-{tag}", "raw"
     await redis.xgroup_create(key, group, "$", mkstream=True)
-    consumer = redis_client(RedisTarget(url=args.url, cluster=False))
+    consumer: Any = redis_client(RedisTarget(url=args.url, cluster=False))
     recorder = Recorder(int(args.warmup * 1e9))
 
     async def consume() -> None:
