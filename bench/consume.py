@@ -27,6 +27,15 @@ figure is the throughput of the *healthy* entries (the clock stops when the
 last healthy one is handled) next to an all-healthy run of the same listener,
 unordered and ordered. An ordered shard waits while its failing entry is
 retried, so only the unordered figure can stay close to the healthy run.
+
+Idle shards (``--idle-shards``, default 64; 0 skips it): one entry per second
+per shard over that many shards, paced, for ``--idle-seconds``; the streamkit
+app (one member, default options) and then a raw loop (one task per shard:
+``XREADGROUP COUNT 100 BLOCK 2000`` then ``XACK``) consume it. The figure is
+Redis commands per handled entry, from ``INFO commandstats`` deltas over the
+run (``XREADGROUP`` and ``XACK``, and every other command that is not the
+publisher's ``XADD``: the coordinator shares this Redis, so that column is an
+upper bound of the consumer's other commands).
 """
 
 from __future__ import annotations
@@ -294,10 +303,140 @@ async def observability_runs(
         print(f"{name:<40}{rate:>12,.0f}{rate / off:>10.0%}")
 
 
+async def command_calls(redis: Any) -> dict[str, int]:
+    stats = await redis.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+async def paced_idle_publish(redis: Any, prefix: str, shards: int, seconds: float) -> int:
+    """One entry per second per shard, spread evenly (one every 1/shards s)."""
+    total = int(shards * seconds)
+    start = time.perf_counter()
+    for i in range(total):
+        delay = start + i / shards - time.perf_counter()
+        if delay > 0:
+            await anyio.sleep(delay)
+        await redis.xadd(f"{prefix}:{i % shards}", {"payload": PAYLOAD})
+    return total
+
+
+def per_entry(before: dict[str, int], after: dict[str, int], entries: int) -> dict[str, float]:
+    delta = {name: after.get(name, 0) - before.get(name, 0) for name in after}
+    others = sum(
+        n for name, n in delta.items() if name not in ("xreadgroup", "xack", "xadd", "info")
+    )
+    return {
+        "xreadgroup": delta.get("xreadgroup", 0) / entries,
+        "xack": delta.get("xack", 0) / entries,
+        "other": others / entries,
+    }
+
+
+async def idle_streamkit(
+    coordinator: CoordinatorProcess, target: RedisTarget, redis: Any, args: argparse.Namespace
+) -> dict[str, float]:
+    prefix, group = "idle-sk", "idle"
+    shards = args.idle_shards
+    await create_group(coordinator, prefix, group, shards)
+    user, password = coordinator.admin_auth
+    app = StreamKit(
+        coordinator_url=coordinator.url,
+        coordinator_username=user,
+        coordinator_password=password,
+        redis_url=target.url,
+        member_id_base="bench-idle",
+    )
+    handled = 0
+
+    @app.stream_listener(stream_prefix=prefix, group=group)
+    async def handle(msg: Message) -> None:
+        nonlocal handled
+        handled += 1
+        await msg.ack()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(app.serve)
+        while True:  # joined: the one member holds every shard
+            current = await owners(coordinator, prefix, group)
+            if len(current.get("bench-idle-m0", [])) == shards:
+                break
+            await anyio.sleep(0.05)
+        await anyio.sleep(1.0)  # every shard in its blocking read
+        before = await command_calls(redis)
+        total = await paced_idle_publish(redis, prefix, shards, args.idle_seconds)
+        with anyio.fail_after(60):
+            while handled < total or not await idle_acked(redis, prefix, group, shards):  # noqa: ASYNC110 - Redis state
+                await anyio.sleep(0.05)
+        after = await command_calls(redis)
+        app.shutdown()
+    return per_entry(before, after, total)
+
+
+async def idle_acked(redis: Any, prefix: str, group: str, shards: int) -> bool:
+    for shard in range(shards):
+        for info in await redis.xinfo_groups(f"{prefix}:{shard}"):
+            if info["name"] == group.encode() and (info["pending"] or info["lag"]):
+                return False
+    return True
+
+
+async def idle_raw(redis: Any, url: str, args: argparse.Namespace) -> dict[str, float]:
+    prefix, group, shards = "idle-raw", "idle", args.idle_shards
+    for shard in range(shards):
+        await redis.xgroup_create(f"{prefix}:{shard}", group, "$", mkstream=True)
+    # One connection per blocked reader, as the raw loop would need anyway.
+    consumer: Any = redis_client(RedisTarget(url=url, cluster=False))
+    handled = 0
+
+    async def one_shard(key: str) -> None:
+        nonlocal handled
+        while True:
+            reply = await consumer.xreadgroup(group, "raw", {key: ">"}, count=100, block=2000)
+            if reply:
+                entries = reply[0][1]
+                handled += len(entries)
+                await consumer.xack(key, group, *[entry_id for entry_id, _ in entries])
+
+    async with anyio.create_task_group() as tg:
+        for shard in range(shards):
+            tg.start_soon(one_shard, f"{prefix}:{shard}")
+        await anyio.sleep(1.0)
+        before = await command_calls(redis)
+        total = await paced_idle_publish(redis, prefix, shards, args.idle_seconds)
+        with anyio.fail_after(60):
+            while handled < total or not await idle_acked(redis, prefix, group, shards):  # noqa: ASYNC110 - Redis state
+                await anyio.sleep(0.05)
+        after = await command_calls(redis)
+        tg.cancel_scope.cancel()
+    await consumer.aclose()
+    return per_entry(before, after, total)
+
+
+async def idle_runs(
+    args: argparse.Namespace, coordinator: CoordinatorProcess, target: RedisTarget, redis: Any
+) -> None:
+    print(
+        f"\nidle shards: {args.idle_shards} shards x 1 entry/s for {args.idle_seconds:g} s; "
+        "Redis commands per handled entry (INFO commandstats deltas)"
+    )
+    print(f"{'run':<28}{'XREADGROUP':>12}{'XACK':>8}{'other':>8}{'total':>8}")
+    kit = await idle_streamkit(coordinator, target, redis, args)
+    raw = await idle_raw(redis, target.url, args)
+    for name, figures in (("raw XREADGROUP BLOCK+XACK", raw), ("streamkit", kit)):
+        print(
+            f"{name:<28}{figures['xreadgroup']:>12.2f}{figures['xack']:>8.2f}"
+            f"{figures['other']:>8.2f}{sum(figures.values()):>8.2f}"
+        )
+
+
 async def bench(args: argparse.Namespace, url: str, coordinator: CoordinatorProcess) -> None:
     target = RedisTarget(url=url, cluster=False)
     redis = redis_client(target)
     prefix = "bench"
+    if args.idle_only:
+        await idle_runs(args, coordinator, target, redis)
+        await redis.aclose()
+        return
     await create_group(coordinator, prefix, "provision", args.shards)
     started = time.perf_counter()
     await prepublish(redis, prefix, args.shards, args.messages)
@@ -328,6 +467,8 @@ async def bench(args: argparse.Namespace, url: str, coordinator: CoordinatorProc
             )
     if args.failing_percent:
         await failure_runs(args, coordinator, target, redis, prefix)
+    if args.idle_shards:
+        await idle_runs(args, coordinator, target, redis)
     await redis.aclose()
 
 
@@ -344,6 +485,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=1.0,
         help="share of entries whose handler fails, for the failure runs (0: skip them)",
     )
+    parser.add_argument("--idle-shards", type=int, default=64, help="0: skip the idle case")
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--idle-only", action="store_true", help="only the idle-shard case")
     parser.add_argument(
         "--observability",
         action="store_true",

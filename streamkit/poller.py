@@ -13,9 +13,11 @@ Design (SPEC §5):
   starves, even when the member owns far more shards than it has tokens.
 * A session reads without ``BLOCK`` while its shard has a backlog.  Only once
   a read comes back empty, or with fewer entries than asked (the stream is
-  drained), does it block, asking for a single entry, so idle
-  shards never sit on tokens a busy shard could use.  ``BLOCK`` is bounded by
-  the remaining assignment lease, so no read outlives it.
+  drained), does it block, asking for a small share of the tokens (at most
+  half the budget over all shards), so idle shards never sit on tokens a busy
+  shard needs, and a blocking read that comes back short proves the stream
+  drained again (no empty read before the next block).  ``BLOCK`` is bounded
+  by the remaining assignment lease, so no read outlives it.
 * Before every read the session asks the member's state machine
   (``may_read``): a revoked or lost shard, or an expired lease, stops reads
   at once.  A revoke also cancels a blocking read in progress.
@@ -24,8 +26,11 @@ Design (SPEC §5):
   after the previous owner reported it drained, was fenced, or let its lease
   expire, so nobody else is reading those entries any more.
 * Acks are batched per shard: ``msg.ack()`` queues the id and one ``XACK``
-  (or ``XACKDEL`` / ``MULTI XACK+XDEL``) goes out after each batch and before
-  the shard is reported revoked.
+  goes out in the same pipeline as the shard's next read (one round trip per
+  entry at low load), or on its own before the loop waits for anything else,
+  and always before the shard is reported revoked or drained (the final
+  flush).  ``XACKDEL`` / ``MULTI XACK+XDEL`` and dead letters keep their own
+  round trip.
 * A failed entry goes through the listener's ``FailurePolicy``
   (``streamkit.failure`` decides, this module does the Redis side).  Attempts
   are Redis' delivery counter: a retry is an ``XCLAIM`` to ourselves, which
@@ -318,20 +323,32 @@ class ShardSession:
         poller = self._poller
         failures = 0
         while not self.stopping:
+            # Acks ride along with the next read (_read_new), but never wait
+            # behind anything else: before every wait they go out on their own.
             if self.halted:
+                await self._flush()
                 await self._interruptibly(anyio.sleep_forever())
                 continue
             if not self.may_read():
+                await self._flush()
                 await self._interruptibly(poller.wait_for_change())
                 continue
             if len(self._retries) >= self._retry_cap and self._until_due_ms() > 0:
                 # Bounded memory: read nothing new until a parked retry is due.
+                await self._flush()
                 await self._interruptibly(anyio.sleep(self._until_due_ms() / 1000))
                 continue
-            want = 1 if self._idle and not self._due_now() else poller.options.batch_size
-            granted = await self._interruptibly(poller.gate.acquire(want))
+            want = (
+                self._idle_share()
+                if self._idle and not self._due_now()
+                else poller.options.batch_size
+            )
+            granted = poller.gate.try_acquire(want)
             if not granted:
-                continue
+                await self._flush()
+                granted = await self._interruptibly(poller.gate.acquire(want))
+                if not granted:
+                    continue
             error: BaseException | None = None
             try:
                 if self.may_read():
@@ -346,7 +363,8 @@ class ShardSession:
                         poller.reachability.succeeded()
                         if entries:
                             await self._handle(entries, counts)
-                            await self._flush()
+                            if self._ack_dels or self._dead_letters:
+                                await self._flush()
             finally:
                 poller.gate.release(granted)
             if error is not None:
@@ -355,6 +373,19 @@ class ShardSession:
                 failures += 1
                 self._log_read_error(error, failures)
                 await self._interruptibly(anyio.sleep(_backoff_s(failures)))
+
+    def _idle_share(self) -> int:
+        """Tokens an idle shard's blocking read asks for.
+
+        More than one, so that a blocking read coming back short (fewer
+        entries than asked) proves the stream drained and the next read can
+        block again at once, with no empty non-blocking read in between.  At
+        most half the member's budget is spread over its idle shards, so a
+        busy shard always finds tokens.
+        """
+        poller = self._poller
+        share = poller.gate.capacity // (2 * max(1, len(poller._sessions)))
+        return max(1, min(poller.options.batch_size, share))
 
     async def _read_within_lease(
         self, count: int
@@ -394,6 +425,8 @@ class ShardSession:
         """The next entries: claimed leftovers first, then redeliveries, then
         due retries (topped up with new entries), then new ones.  Also the
         delivery counts of the entries that were claimed (the others: 1)."""
+        if self._claiming or self._redeliver or self._due_now():
+            await self._flush()  # rare paths: the acks go out on their own
         if self._claiming:
             entries, self._claiming = await self._claim(count)
             return entries, await self._delivery_counts(entries)
@@ -418,12 +451,12 @@ class ShardSession:
             counts = {entry_id: known[entry_id] for entry_id, _ in entries}
             self._idle = not fresh
             return entries + fresh, counts
-        blocked = self._idle
-        entries = await self._read_new(count, block=blocked)
-        # A read without BLOCK that came back short found the stream drained:
-        # block at once next time instead of sending a read certain to be
-        # empty (at low load that read was one of three commands per message).
-        self._idle = not entries if blocked else len(entries) < count
+        entries = await self._read_new(count, block=self._idle)
+        # A read that came back short (blocking or not) found the stream
+        # drained: block at once next time instead of sending a read certain
+        # to be empty (at low load that read was one of three commands per
+        # message).  A full one may have left a backlog: read on without BLOCK.
+        self._idle = len(entries) < count
         return entries, {}
 
     async def _interruptibly(self, awaitable: Awaitable[Any]) -> Any:
@@ -449,34 +482,80 @@ class ShardSession:
             block_ms = min(poller.options.block_ms, remaining)
             if block_ms < _MIN_BLOCK_MS:
                 # Too little lease left to block; wait for the next heartbeat.
+                await self._flush()
                 await self._interruptibly(poller.wait_for_change())
                 return []
             if self._retries:  # wake up for the next parked retry
                 block_ms = max(_MIN_BLOCK_MS, min(block_ms, self._until_due_ms()))
+        if self._ack_dels or self._dead_letters:
+            await self._flush()  # rare: deletes and dead letters keep their own round trip
+        # The acks of the last batch go out in the same round trip as this
+        # read (one pipeline, one key: one node in a cluster too), ahead of it.
+        acks, self._acks = self._acks, []
         reply: Any
-        with self._observed_read() as tally:
-            if block_ms is None:
-                reply = await self._within_lease(
-                    poller.redis.xreadgroup(
-                        self.consumer_group, self.member_id, {self.stream_key: ">"}, count=count
-                    )
-                )
-            else:
-                reply = await self._interruptibly(
-                    self._within_lease(
-                        poller.redis.xreadgroup(
-                            self.consumer_group,
-                            self.member_id,
-                            {self.stream_key: ">"},
-                            count=count,
-                            block=block_ms,
-                        )
-                    )
-                )
-            entries = _entries_of(reply)
-            tally.count = len(entries)
+        try:
+            with self._observed_read() as tally:
+                read = self._xreadgroup(count, block_ms, acks)
+                if block_ms is None:
+                    reply = await self._within_lease(read)
+                else:
+                    reply = await self._interruptibly(self._within_lease(read))
+                if acks:
+                    reply = self._folded_reply(acks, reply)
+                    acks = []  # booked or queued again
+                    if isinstance(reply, Exception):
+                        raise reply
+                entries = _entries_of(reply)
+                tally.count = len(entries)
+        except BaseException:
+            # Cancelled, cut by the lease or failed: whether the XACK ran is
+            # unknown, so it is sent again (an XACK of an acked id is a no-op)
+            # with the next read or the final flush, before the shard is
+            # reported revoked or drained.
+            self._requeue_acks(acks)
+            raise
         self.pending_count += tally.count
         return entries
+
+    def _xreadgroup(self, count: int, block_ms: int | None, acks: list[bytes]) -> Awaitable[Any]:
+        redis = self._poller.redis
+        if not acks:
+            return redis.xreadgroup(
+                self.consumer_group,
+                self.member_id,
+                {self.stream_key: ">"},
+                count=count,
+                block=block_ms,
+            )
+        pipe = redis.pipeline(transaction=False)
+        pipe.xack(self.stream_key, self.consumer_group, *acks)
+        pipe.xreadgroup(
+            self.consumer_group, self.member_id, {self.stream_key: ">"}, count=count, block=block_ms
+        )
+        return pipe.execute(raise_on_error=False)
+
+    def _folded_reply(self, acks: list[bytes], replies: Any) -> Any:
+        """The read's reply (or error) out of an ``[XACK, XREADGROUP]`` pipeline;
+        books the acks, or queues them again if the XACK failed."""
+        if replies is None:  # halted while blocking: the XACK's fate is unknown
+            self._requeue_acks(acks)
+            return None
+        ack_reply, read_reply = replies
+        if isinstance(ack_reply, Exception):
+            log.warning(
+                "%s: ack of %s failed, will retry: %s",
+                self.member_id,
+                self.stream_key,
+                describe_error(ack_reply),
+            )
+            self._requeue_acks(acks)
+        else:
+            self._acked(acks, [])
+        return read_reply
+
+    def _requeue_acks(self, acks: list[bytes]) -> None:
+        if acks and not self.aborted:
+            self._acks[:0] = acks
 
     async def _claim(self, count: int) -> tuple[list[tuple[bytes, Any]], bool]:
         """One XAUTOCLAIM step; returns the entries and whether to go on claiming."""
@@ -923,7 +1002,10 @@ class ShardSession:
                 return
             break
         self._poller.reachability.succeeded()
-        acks = acks + [entry_id for _, entry_id in letters]
+        self._acked(acks + [entry_id for _, entry_id in letters], dels)
+
+    def _acked(self, acks: list[bytes], dels: list[bytes]) -> None:
+        """Book entries Redis confirmed acked (progress reports)."""
         self.pending_count = max(0, self.pending_count - len(acks) - len(dels))
         if acks:
             self.last_acked_id = _later(self.last_acked_id, max(acks, key=_id_key))

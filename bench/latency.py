@@ -1,0 +1,240 @@
+"""Publish -> handler latency at a paced rate: streamkit against a raw redis-py loop.
+
+Run: python bench/latency.py                 (1,000 and 10,000 msg/s, 10 s each)
+     python bench/latency.py --rates 1000 --seconds 20 --rounds 2
+
+One private ``redis-server`` and coordinator (via ``streamkit.testing``). The
+same paced publisher feeds both sides, one after the other, in the same
+process and event loop:
+
+* raw: one stream, one task doing ``XREADGROUP COUNT 100 BLOCK 2000`` then one
+  ``XACK`` of what it read (the hand-written single-stream consumer);
+* streamkit: an in-process ``StreamKit`` app, ``--concurrency`` members over
+  ``--shards`` shard streams, default listener options, the handler records
+  the latency then ``await msg.ack()``.
+
+The publisher wakes every millisecond and sends every entry due by then
+(``rate`` per second, evenly spread) with a plain ``XADD`` (several due
+entries: one pipeline), stamping each with the ``perf_counter_ns`` taken right
+before the send. The handler's latency is ``perf_counter_ns`` at its call
+minus that stamp, so it includes the publish round trip, the wait in Redis and
+the consumer's read. Both sides use the same publisher and client, so the
+ratio isolates the consumer. The first ``--warmup`` seconds are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from consume import create_group, owners
+
+from streamkit import Message, StreamKit
+from streamkit.testing import RedisServer, RedisTarget, redis_client
+from streamkit.testing.coordinator import CoordinatorProcess
+
+PAYLOAD = "x" * 80
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    index = min(len(sorted_values) - 1, max(0, round(p / 100 * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+async def paced_publish(
+    redis: Any, keys: list[str], rate: int, seconds: float, stop_at_count: list[int]
+) -> int:
+    """Publish ``rate`` entries per second for ``seconds``; returns how many were sent."""
+    total = int(rate * seconds)
+    start = time.perf_counter()
+    sent = 0
+    while sent < total:
+        due = min(total, int((time.perf_counter() - start) * rate) + 1)
+        if due > sent:
+            stamp = str(time.perf_counter_ns())
+            if due - sent == 1:
+                await redis.xadd(keys[sent % len(keys)], {"t": stamp, "p": PAYLOAD})
+            else:
+                pipe = redis.pipeline(transaction=False)
+                for i in range(sent, due):
+                    pipe.xadd(keys[i % len(keys)], {"t": stamp, "p": PAYLOAD})
+                await pipe.execute()
+            sent = due
+        await anyio.sleep(0.001)
+    stop_at_count[0] = sent
+    return sent
+
+
+async def all_handled(recorder: Recorder) -> None:
+    # The last entry may have been handled before the publisher returned.
+    if recorder.count < recorder.expected[0]:
+        with anyio.fail_after(300):  # a saturated consumer catches up slowly
+            await recorder.done.wait()
+
+
+class Recorder:
+    def __init__(self, warmup_ns: int) -> None:
+        self.latencies: list[float] = []
+        self.count = 0
+        self.done = anyio.Event()
+        self.expected = [0]
+        self.start_ns = time.perf_counter_ns()
+        self.warmup_ns = warmup_ns
+
+    def record(self, stamp: bytes) -> None:
+        now = time.perf_counter_ns()
+        sent = int(stamp)
+        if sent - self.start_ns >= self.warmup_ns:
+            self.latencies.append((now - sent) / 1e6)
+        self.count += 1
+        if self.expected[0] and self.count >= self.expected[0]:
+            self.done.set()
+
+    def summary(self) -> dict[str, float]:
+        values = sorted(self.latencies)
+        return {
+            "p50": percentile(values, 50),
+            "p99": percentile(values, 99),
+            "p99.9": percentile(values, 99.9),
+            "max": values[-1],
+            "n": float(len(values)),
+        }
+
+
+async def raw_run(redis: Any, tag: str, rate: int, args: argparse.Namespace) -> dict[str, float]:
+    key, group = f"raw-{tag}", "raw"
+    await redis.xgroup_create(key, group, "$", mkstream=True)
+    consumer: Any = redis_client(RedisTarget(url=args.url, cluster=False))
+    recorder = Recorder(int(args.warmup * 1e9))
+
+    async def consume() -> None:
+        while True:
+            reply = await consumer.xreadgroup(group, "raw", {key: ">"}, count=100, block=2000)
+            if not reply:
+                continue
+            entries = reply[0][1]
+            for _, fields in entries:
+                recorder.record(fields[b"t"])
+            await consumer.xack(key, group, *[entry_id for entry_id, _ in entries])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consume)
+        await anyio.sleep(0.2)  # the first read is blocking
+        await paced_publish(redis, [key], rate, args.seconds, recorder.expected)
+        await all_handled(recorder)
+        tg.cancel_scope.cancel()
+    await consumer.aclose()
+    await redis.delete(key)
+    return recorder.summary()
+
+
+async def streamkit_run(
+    redis: Any, coordinator: CoordinatorProcess, tag: str, rate: int, args: argparse.Namespace
+) -> dict[str, float]:
+    prefix, group = f"sk-{tag}", "lat"
+    await create_group(coordinator, prefix, group, args.shards)
+    user, password = coordinator.admin_auth
+    app = StreamKit(
+        coordinator_url=coordinator.url,
+        coordinator_username=user,
+        coordinator_password=password,
+        redis_url=args.url,
+        member_id_base=f"lat-{tag}",
+    )
+    recorder = Recorder(0)
+
+    @app.stream_listener(stream_prefix=prefix, group=group, concurrency=args.concurrency)
+    async def handle(msg: Message) -> None:
+        recorder.record(msg.raw_fields[b"t"])
+        await msg.ack()
+
+    members = {f"lat-{tag}-m{i}" for i in range(args.concurrency)}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(app.serve)
+        while True:  # joined and balanced before the clock starts
+            current = await owners(coordinator, prefix, group)
+            counts = [len(current.get(m, [])) for m in members]
+            if set(current) == members and sum(counts) == args.shards:
+                if max(counts) - min(counts) <= 1:
+                    break
+            await anyio.sleep(0.05)
+        await anyio.sleep(0.5)  # every shard in its blocking read
+        recorder.start_ns = time.perf_counter_ns()
+        recorder.warmup_ns = int(args.warmup * 1e9)
+        keys = [f"{prefix}:{shard}" for shard in range(args.shards)]
+        await paced_publish(redis, keys, rate, args.seconds, recorder.expected)
+        await all_handled(recorder)
+        app.shutdown()
+    return recorder.summary()
+
+
+async def bench(args: argparse.Namespace, coordinator: CoordinatorProcess) -> None:
+    redis = redis_client(RedisTarget(url=args.url, cluster=False))
+    print(
+        f"{args.shards} shards, concurrency {args.concurrency}, {args.seconds:g} s per run "
+        f"(first {args.warmup:g} s not counted); latencies in ms"
+    )
+    header = f"{'run':<20}{'p50':>10}{'p99':>10}{'p99.9':>10}{'max':>10}{'n':>8}"
+    for round_ in range(args.rounds):
+        for rate in args.rates:
+            print(f"\nround {round_ + 1}, {rate:,} msg/s\n{header}")
+            tag = f"{rate}-{round_}"
+            # Alternate which side goes first, so drift in the machine's load
+            # does not always favour the same one.
+            order = ["raw", "streamkit"] if round_ % 2 == 0 else ["streamkit", "raw"]
+            results: dict[str, dict[str, float]] = {}
+            for side in order:
+                if side == "raw":
+                    results[side] = await raw_run(redis, tag, rate, args)
+                else:
+                    results[side] = await streamkit_run(redis, coordinator, tag, rate, args)
+            for side in ("raw", "streamkit"):
+                r = results[side]
+                print(
+                    f"{side:<20}{r['p50']:>10.2f}{r['p99']:>10.2f}{r['p99.9']:>10.2f}"
+                    f"{r['max']:>10.2f}{int(r['n']):>8}"
+                )
+            raw, kit = results["raw"], results["streamkit"]
+            print(
+                f"{'streamkit / raw':<20}{kit['p50'] / raw['p50']:>9.2f}x"
+                f"{kit['p99'] / raw['p99']:>9.2f}x{kit['p99.9'] / raw['p99.9']:>9.2f}x"
+                f"{kit['max'] / raw['max']:>9.2f}x",
+                flush=True,
+            )
+    await redis.aclose()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rates", type=int, nargs="+", default=[1_000, 10_000])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args(argv)
+    # A loaded machine makes heartbeats late and the lease cuts reads short;
+    # that shows in the figures, one warning per cut read would bury them.
+    logging.getLogger("streamkit.poller").setLevel(logging.ERROR)
+    with (
+        RedisServer() as server,
+        CoordinatorProcess(
+            server.url,
+            heartbeat_interval_ms=1_000,
+            member_lease_ttl_ms=5_000,
+            rebalance_timeout_ms=10_000,
+            tick_interval_ms=200,
+        ) as coordinator,
+    ):
+        args.url = server.url
+        print(f"redis {server.url}, coordinator {coordinator.url}, pid {os.getpid()}")
+        anyio.run(bench, args, coordinator)
+
+
+if __name__ == "__main__":
+    main()
