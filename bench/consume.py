@@ -45,7 +45,7 @@ import anyio
 import httpx
 
 from streamkit import Message, StreamKit
-from streamkit.failure import FailurePolicy, dead_letter_key
+from streamkit.consumer.failure import FailurePolicy, dead_letter_key
 from streamkit.middleware import Middleware
 from streamkit.testing import RedisServer, RedisTarget, redis_client
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -255,8 +255,8 @@ def observability_stacks() -> dict[str, list[Middleware]]:
     from opentelemetry.sdk.trace import TracerProvider
     from prometheus_client import CollectorRegistry
 
-    from streamkit.metrics import PrometheusMiddleware
-    from streamkit.tracing import TracingMiddleware
+    from streamkit.observability.metrics import PrometheusMiddleware
+    from streamkit.observability.tracing import TracingMiddleware
 
     sdk = TracerProvider()  # records every span; no exporter (the exporter is the app's cost)
     return {

@@ -53,14 +53,14 @@ import httpx
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
-from streamkit.metrics import PrometheusMiddleware
-from streamkit.producer import Publisher
+from streamkit.observability.metrics import PrometheusMiddleware
+from streamkit.observability.tracing import TracingMiddleware
+from streamkit.publisher.publisher import Publisher
 from streamkit.routing import shard_for_key, stream_key
 from streamkit.settings import StreamKitSettings
 from streamkit.testing import AsyncRedisClient, RedisCluster, RedisServer, RedisTarget
 from streamkit.testing import redis_client as make_client
 from streamkit.testing.coordinator import CoordinatorProcess
-from streamkit.tracing import TracingMiddleware
 
 PREFIX = "bench-orders"
 GROUP = "billing"

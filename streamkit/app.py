@@ -19,23 +19,23 @@ from dependency_injector import containers, providers
 from redis.exceptions import RedisError
 
 from streamkit.connections import AsyncRedis, connect_redis, redacted_url
-from streamkit.consumer import GroupNotFoundError, MemberRuntime
-from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
-from streamkit.errors import StreamkitError
-from streamkit.failure import FailurePolicy
-from streamkit.group_hints import existing_groups_hint
-from streamkit.lifecycle import ShardLifecycle
-from streamkit.listener import (
+from streamkit.consumer.failure import FailurePolicy
+from streamkit.consumer.lifecycle import ShardLifecycle
+from streamkit.consumer.listener import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_BLOCK_MS,
     Listener,
     ListenerConfigError,
     MessageHandler,
 )
-from streamkit.member import MemberStateMachine, new_incarnation
+from streamkit.consumer.member import MemberStateMachine, new_incarnation
+from streamkit.consumer.poller import ReadObserver, ShardPoller, supports_xackdel
+from streamkit.consumer.runtime import GroupNotFoundError, MemberRuntime
+from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
+from streamkit.errors import StreamkitError
+from streamkit.group_hints import existing_groups_hint
 from streamkit.middleware import Middleware
-from streamkit.poller import ReadObserver, ShardPoller, supports_xackdel
-from streamkit.producer import (
+from streamkit.publisher.publisher import (
     CoordinatorUnreachableError,
     Publisher,
     ShardStreamsMissing,

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from streamkit.failure import Action, Decision
+from streamkit.consumer.failure import Action, Decision
 
 if TYPE_CHECKING:
-    from streamkit.message import Message
-    from streamkit.producer import PublishResult
+    from streamkit.consumer.message import Message
+    from streamkit.publisher.publisher import PublishResult
 
 __all__ = [
     "BatchContext",

@@ -14,9 +14,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from streamkit import StreamKit
-from streamkit.message import Message, Settlement
-from streamkit.metrics import AppCollector, PrometheusMiddleware
+from streamkit.consumer.message import Message, Settlement
 from streamkit.middleware import ConsumeContext, ConsumeResult
+from streamkit.observability.metrics import AppCollector, PrometheusMiddleware
 from streamkit.testing import RedisServer, redis_client
 from streamkit.testing import RedisTarget as Target
 
@@ -93,7 +93,7 @@ async def test_idempotency_guard_example_runs(redis_server: RedisServer) -> None
         async def handler(fail: bool) -> ConsumeResult:
             calls.append("handler")
             if fail:
-                from streamkit.failure import FailurePolicy
+                from streamkit.consumer.failure import FailurePolicy
 
                 return ConsumeResult(FailurePolicy().decide(1, RuntimeError("x")))
             return ConsumeResult()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from streamkit import Message
-from streamkit.failure import FailurePolicy
+from streamkit.consumer.failure import FailurePolicy
 from streamkit.testing.harness import StreamKitHarness
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "testing-apps.md"

@@ -20,9 +20,9 @@ import anyio
 import httpx
 
 from streamkit.app import StreamKit
-from streamkit.failure import dead_letter_key
-from streamkit.lifecycle import monotonic_ms
-from streamkit.producer import Publisher, PublishResult
+from streamkit.consumer.failure import dead_letter_key
+from streamkit.consumer.lifecycle import monotonic_ms
+from streamkit.publisher.publisher import Publisher, PublishResult
 from streamkit.testing import RedisTarget, redis_client
 from streamkit.testing.coordinator import CoordinatorProcess
 

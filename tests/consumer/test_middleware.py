@@ -14,8 +14,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
 from streamkit import Message, StreamKit
-from streamkit.failure import FailurePolicy
-from streamkit.metrics import AppCollector, PrometheusMiddleware
+from streamkit.consumer.failure import FailurePolicy
 from streamkit.middleware import (
     BatchContext,
     BatchNext,
@@ -26,10 +25,11 @@ from streamkit.middleware import (
     PublishContext,
     PublishNext,
 )
-from streamkit.producer import PublishResult
+from streamkit.observability.metrics import AppCollector, PrometheusMiddleware
+from streamkit.observability.tracing import TracingMiddleware, parent_context
+from streamkit.publisher.publisher import PublishResult
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
-from streamkit.tracing import TracingMiddleware, parent_context
 
 from .support import Admin, eventually, in_process_settings, serving
 
@@ -214,8 +214,8 @@ async def test_prometheus_middleware_counts_outcomes_and_publishes(
 
 
 def test_publish_error_reasons_are_bounded() -> None:
-    from streamkit.metrics import error_reason
-    from streamkit.routing_cache import RoutingUnavailable
+    from streamkit.observability.metrics import error_reason
+    from streamkit.publisher.routing_cache import RoutingUnavailable
 
     assert error_reason(TypeError("x")) == "invalid_fields"
     assert error_reason(ConnectionError()) == "connection"

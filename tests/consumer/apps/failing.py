@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from streamkit import Message, StreamKit
-from streamkit.failure import FailurePolicy
+from streamkit.consumer.failure import FailurePolicy
 
 record = open(os.environ["SKT_RECORD"], "a", buffering=1)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamkit.connections import AsyncRedis
-from streamkit.failure import (
+from streamkit.consumer.failure import (
     DEAD_LETTER_FIELDS,
     X_ATTEMPTS,
     X_ERROR,
@@ -32,7 +32,7 @@ from streamkit.failure import (
     X_ORIGINAL_ID,
     X_ORIGINAL_STREAM,
 )
-from streamkit.producer import PAYLOAD_FIELD, PublishResult
+from streamkit.publisher.publisher import PAYLOAD_FIELD, PublishResult
 
 __all__ = ["DeadLetter", "ReplayOutcome", "read_dead_letters", "replay"]
 

@@ -30,7 +30,7 @@ import httpx
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorUnavailable
 from streamkit.errors import StreamkitError
 from streamkit.protocol import ProducerRoutingResponse
-from streamkit.routing_cache import RoutingCache, RoutingTable
+from streamkit.publisher.routing_cache import RoutingCache, RoutingTable
 
 __all__ = ["RefreshFlight", "RefresherClosed", "RoutingRefresher"]
 

@@ -48,15 +48,15 @@ import redis.exceptions
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from streamkit.coalescer import CommandCoalescer
 from streamkit.connections import AsyncRedis, connect_redis
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
 from streamkit.errors import StreamkitError
 from streamkit.group_hints import existing_groups_hint
 from streamkit.middleware import Middleware, PublishContext, PublishManyContext, chain
+from streamkit.publisher.coalescer import CommandCoalescer
+from streamkit.publisher.refresher import RefreshFlight, RoutingRefresher
+from streamkit.publisher.routing_cache import RoutingCache, RoutingTable, RoutingUnavailable
 from streamkit.routing import shard_for_key
-from streamkit.routing_cache import RoutingCache, RoutingTable, RoutingUnavailable
-from streamkit.routing_refresher import RefreshFlight, RoutingRefresher
 from streamkit.settings import StreamKitSettings
 
 __all__ = [

@@ -54,11 +54,11 @@ from anyio.abc import TaskGroup, TaskStatus
 from redis.exceptions import RedisError, ResponseError
 
 from streamkit.connections import AsyncRedis, redis_address
-from streamkit.failure import Action, Decision, FailurePolicy, dead_letter_fields
-from streamkit.handlers import BatchHandler, Handler
-from streamkit.lifecycle import monotonic_ms
-from streamkit.member import MemberStateMachine
-from streamkit.message import Message, Settlement
+from streamkit.consumer.failure import Action, Decision, FailurePolicy, dead_letter_fields
+from streamkit.consumer.handlers import BatchHandler, Handler
+from streamkit.consumer.lifecycle import monotonic_ms
+from streamkit.consumer.member import MemberStateMachine
+from streamkit.consumer.message import Message, Settlement
 from streamkit.middleware import BatchContext, ConsumeContext, ConsumeResult, Middleware, chain
 from streamkit.protocol import RuntimeConsumerCapacity, ShardConsumptionProgress, ShardId
 from streamkit.redis_health import RedisReachability, describe_error, is_unreachable_error

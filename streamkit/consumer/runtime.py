@@ -28,15 +28,15 @@ from anyio.abc import TaskGroup, TaskStatus
 from redis.exceptions import RedisError
 
 from streamkit.connections import AsyncRedis
+from streamkit.consumer.lifecycle import ShardContext, ShardLifecycle, monotonic_ms
+from streamkit.consumer.member import MemberStateMachine, Reaction, ReactionKind
+from streamkit.consumer.poller import ShardPoller
 from streamkit.coordinator_client import (
     CoordinatorClient,
     CoordinatorError,
     CoordinatorUnavailable,
 )
 from streamkit.errors import StreamkitError
-from streamkit.lifecycle import ShardContext, ShardLifecycle, monotonic_ms
-from streamkit.member import MemberStateMachine, Reaction, ReactionKind
-from streamkit.poller import ShardPoller
 from streamkit.protocol import HeartbeatAnswer, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus
 from streamkit.redis_health import describe_error
 

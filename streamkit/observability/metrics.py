@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         "streamkit.metrics needs prometheus-client: pip install 'streamkit[metrics]'"
     ) from exc
 
-from streamkit.lifecycle import monotonic_ms
+from streamkit.consumer.lifecycle import monotonic_ms
 from streamkit.middleware import (
     BatchContext,
     BatchNext,
@@ -43,7 +43,7 @@ from streamkit.middleware import (
 
 if TYPE_CHECKING:
     from streamkit.app import StreamKit
-    from streamkit.producer import PublishResult
+    from streamkit.publisher.publisher import PublishResult
 
 __all__ = ["AppCollector", "PrometheusMiddleware", "error_reason"]
 
@@ -53,8 +53,8 @@ _BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 def error_reason(error: BaseException) -> str:
     """A bounded label for a publish error (never the message text)."""
-    from streamkit.producer import StaleRouteError
-    from streamkit.routing_cache import RoutingUnavailable
+    from streamkit.publisher.publisher import StaleRouteError
+    from streamkit.publisher.routing_cache import RoutingUnavailable
 
     if isinstance(error, StaleRouteError):
         return "stale_route"
@@ -188,7 +188,7 @@ class PrometheusMiddleware(Middleware):
     async def publish_many(
         self, ctx: PublishManyContext, call_next: PublishManyNext
     ) -> list[PublishResult]:
-        from streamkit.producer import PublishBatchError
+        from streamkit.publisher.publisher import PublishBatchError
 
         labels = (ctx.stream_prefix, ctx.consumer_group)
         started = time.perf_counter()
