@@ -1,7 +1,7 @@
 """Reading and replaying a dead-letter stream (``streamkit dlq list|replay``).
 
 A dead letter is the original entry's fields plus ``x-*`` metadata (see
-``streamkit.failure``).  Replaying publishes the original fields again:
+``streamkit.consumer.failure``).  Replaying publishes the original fields again:
 
 * with a partition key (``key_field``: an entry field, or ``payload_key``: a
   top-level key of the JSON ``payload`` field) through a ``Publisher``, so the

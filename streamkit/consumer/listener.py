@@ -28,7 +28,7 @@ from streamkit.errors import StreamkitError
 __all__ = ["Listener", "ListenerConfigError", "MessageHandler"]
 
 #: A handler: ``async def f(msg)`` or a plain ``def f(msg)`` (run in a worker thread);
-#: see ``streamkit.handlers`` for typed and batch signatures.
+#: see ``streamkit.consumer.handlers`` for typed and batch signatures.
 MessageHandler = Callable[..., Any]
 
 # Same rules as the coordinator's: braces would change the cluster hash tag,

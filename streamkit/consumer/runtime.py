@@ -1,6 +1,6 @@
 """The member runtime: one coordinator member's heartbeat loop and its reactions.
 
-``MemberStateMachine`` (``streamkit.member``) makes every protocol decision;
+``MemberStateMachine`` (``streamkit.consumer.member``) makes every protocol decision;
 this module only does the I/O around it:
 
 * heartbeat every ``heartbeatIntervalMs`` (from the last answer), calling

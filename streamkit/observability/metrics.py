@@ -23,7 +23,7 @@ try:
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError(
-        "streamkit.metrics needs prometheus-client: pip install 'streamkit[metrics]'"
+        "streamkit.observability.metrics needs prometheus-client: pip install 'streamkit[metrics]'"
     ) from exc
 
 from streamkit.consumer.lifecycle import monotonic_ms

@@ -1,4 +1,4 @@
-"""The I/O loop around :class:`~streamkit.routing_cache.RoutingCache`.
+"""The I/O loop around :class:`~streamkit.publisher.routing_cache.RoutingCache`.
 
 A :class:`RoutingRefresher` fetches producer routing from the coordinator and
 feeds the answers (or failures) to the cache. Refreshes are *single-flight*: at
