@@ -32,7 +32,7 @@ from streamkit.consumer.member import MemberStateMachine, new_incarnation
 from streamkit.consumer.poller import ReadObserver, ShardPoller, supports_xackdel
 from streamkit.consumer.runtime import GroupNotFoundError, MemberRuntime
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
-from streamkit.errors import StreamkitError
+from streamkit.errors import StreamkitError, first_leaf
 from streamkit.group_hints import existing_groups_hint
 from streamkit.middleware import Middleware
 from streamkit.publisher.publisher import (
@@ -600,15 +600,7 @@ async def _unwrapped(work: Awaitable[None]) -> None:
     try:
         await work
     except BaseExceptionGroup as group:
-        for leaf in _leaves(group):
-            if isinstance(leaf, StreamkitError):
-                raise leaf from group
+        leaf = first_leaf(group, StreamkitError)
+        if leaf is not None:
+            raise leaf from group
         raise
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterable[BaseException]:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc

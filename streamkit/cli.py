@@ -23,7 +23,7 @@ from streamkit.app import StreamKit
 from streamkit.connections import AsyncRedis, connect_redis
 from streamkit.consumer.runtime import GroupNotFoundError
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
-from streamkit.errors import StreamkitError
+from streamkit.errors import StreamkitError, first_leaf
 from streamkit.group_hints import existing_groups_hint
 from streamkit.observability.probes import instrument, parse_address, serve_probes
 from streamkit.settings import StreamKitSettings
@@ -187,9 +187,9 @@ async def _serve(app: StreamKit, probe: tuple[str, int] | None = None) -> None:
     except BaseExceptionGroup as group:
         # Report a start-up failure (unknown group, ...) as itself, not as a
         # task group traceback.
-        matched, _ = group.split(StreamkitError)
-        if matched is not None:
-            raise matched.exceptions[0] from None
+        leaf = first_leaf(group, StreamkitError)
+        if leaf is not None:
+            raise leaf from None
         raise
 
 

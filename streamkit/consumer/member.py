@@ -113,9 +113,7 @@ class MemberStateMachine:
 
     def readable(self, now_ms: int) -> frozenset[int]:
         """Shards that may be read right now."""
-        if self.lease_until_ms is None or now_ms >= self.lease_until_ms:
-            return frozenset()
-        return frozenset(self.reading)
+        return frozenset(self.reading) if self.lease_valid(now_ms) else frozenset()
 
     def may_read(self, shard: int, now_ms: int) -> bool:
         return shard in self.reading and self.lease_valid(now_ms)

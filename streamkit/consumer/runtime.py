@@ -27,6 +27,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from redis.exceptions import RedisError
 
+from streamkit.backoff import jittered_backoff
 from streamkit.connections import AsyncRedis
 from streamkit.consumer.lifecycle import ShardContext, ShardLifecycle, monotonic_ms
 from streamkit.consumer.member import MemberStateMachine, Reaction, ReactionKind
@@ -559,11 +560,10 @@ class MemberRuntime:
     def _retry_delay_ms(self, failures: int) -> int:
         interval = self.machine.heartbeat_interval_ms
         cap = max(interval, min(_RETRY_CAP_MS, 10 * interval))
-        backoff = min(cap, _RETRY_BASE_MS * 2 ** min(failures - 1, 16))
         if self.machine.lease_valid(monotonic_ms()):
             # Keep the lease alive: at least one attempt per interval.
-            backoff = min(backoff, interval)
-        return int(backoff / 2 + random.uniform(0, backoff / 2))
+            cap = min(cap, interval)
+        return int(jittered_backoff(failures, _RETRY_BASE_MS, cap, random.random()))
 
     async def _sleep(self, delay_ms: int) -> None:
         if delay_ms > 0 and not self._wake.is_set():

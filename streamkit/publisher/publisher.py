@@ -695,7 +695,7 @@ class Publisher:
                 return  # backing off after a failure; the lease decides what happens
             self._refresher.schedule()
         table = cache.table
-        if table is None or cache.stale or now >= table.fetched_at + cache.lease - self._margin:
+        if table is None or cache.stale or now >= cache.lease_ends_at - self._margin:
             await self._refresher.refresh()  # joins the flight just scheduled
 
     def _next_check(self, now: float) -> float:
@@ -704,7 +704,7 @@ class Publisher:
         table = cache.table
         if table is None or cache.stale or table.shard_count == 0:
             return -math.inf
-        wait_from = table.fetched_at + cache.lease - self._margin
+        wait_from = cache.lease_ends_at - self._margin
         if self._refresher.in_flight:
             return wait_from  # its completion resets _fast_until anyway
         return min(now + cache.refresh_deadline(now), wait_from)
