@@ -16,6 +16,7 @@ from typing import Any, Self, TypeVar
 
 import anyio
 from dependency_injector import containers, providers
+from opentelemetry import trace
 from redis.exceptions import RedisError
 
 from streamkit.connections import AsyncRedis, connect_redis, redacted_url
@@ -31,6 +32,7 @@ from streamkit.consumer.listener import (
 from streamkit.consumer.member import MemberStateMachine, new_incarnation
 from streamkit.consumer.poller import ReadObserver, ShardPoller, supports_xackdel
 from streamkit.consumer.runtime import GroupNotFoundError, MemberRuntime
+from streamkit.consumer.stats import ReadTimer, debug_tracer
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
 from streamkit.errors import StreamkitError, first_leaf
 from streamkit.group_hints import existing_groups_hint
@@ -77,6 +79,7 @@ class StreamKit:
         shutdown_timeout: float = 30.0,
         read_observer: ReadObserver | None = None,
         middlewares: Iterable[Middleware] = (),
+        debug_tracer: trace.Tracer | None = None,
         **overrides: Any,
     ) -> None:
         if overrides:
@@ -89,6 +92,9 @@ class StreamKit:
         #: Wrap every handled entry and every publish of this app's publishers
         #: (first = outermost); see ``streamkit.middleware``.
         self.middlewares: list[Middleware] = list(middlewares)
+        #: Where heartbeat and read spans go (None: ``STREAMKIT_TRACE_DEBUG``
+        #: decides, with the global tracer provider).
+        self.debug_tracer = debug_tracer
         self._lifespan = lifespan
         self._coordinator = coordinator
         self._owns_coordinator = coordinator is None
@@ -458,6 +464,7 @@ class StreamKit:
                         request_timeout_s=settings.coordinator_timeout,
                         redis_release_after_ms=int(settings.redis_release_after * 1000),
                         redis_url=redacted_url(settings.redis_url),
+                        debug_tracer=self._debug_tracer(),
                     )
                 )
         return members
@@ -475,9 +482,14 @@ class StreamKit:
             batch_handler=listener.batch_handler(),
             options=dataclasses.replace(listener.options, policy=policy),
             xackdel=xackdel,
-            observer=self.read_observer,
+            observer=ReadTimer(self.read_observer, self._debug_tracer()),
             middlewares=self.middlewares,
         )
+
+    def _debug_tracer(self) -> trace.Tracer | None:
+        if self.debug_tracer is not None:
+            return self.debug_tracer
+        return debug_tracer(self.settings.trace_debug)
 
     async def _check_redis(self) -> None:
         """Fail at once when Redis does not answer: members that joined now

@@ -65,7 +65,7 @@ def test_metrics_table_matches_the_registry() -> None:
 def test_every_metric_has_the_streamkit_prefix_and_bounded_labels() -> None:
     for name, (_, labels) in registered().items():
         assert name.startswith("streamkit_")
-        assert labels <= {"stream_prefix", "group", "outcome", "reason", "member"}, name
+        assert labels <= {"stream_prefix", "group", "outcome", "reason", "member", "state"}, name
 
 
 @dataclass
@@ -134,7 +134,8 @@ def _queries(node: Any) -> Iterator[str]:
 def test_grafana_dashboard_names_only_existing_metrics() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     known = registered()
-    histograms = {n for n, (kind, _) in known.items() if kind == "histogram"}
+    # Histograms and summaries are queried by their _bucket/_count/_sum series.
+    histograms = {n for n, (kind, _) in known.items() if kind in ("histogram", "summary")}
     used: set[str] = set()
     for query in _queries(dashboard):
         for name in re.findall(r"\bstreamkit_[a-z_]+", query):

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError
 
 from streamkit.backoff import jittered_backoff
@@ -32,6 +35,7 @@ from streamkit.connections import AsyncRedis
 from streamkit.consumer.lifecycle import ShardContext, ShardLifecycle, monotonic_ms
 from streamkit.consumer.member import MemberStateMachine, Reaction, ReactionKind
 from streamkit.consumer.poller import ShardPoller
+from streamkit.consumer.stats import Timing, end_span
 from streamkit.coordinator_client import (
     CoordinatorClient,
     CoordinatorError,
@@ -111,6 +115,7 @@ class MemberRuntime:
         request_timeout_s: float = 5.0,
         redis_release_after_ms: int | None = None,
         redis_url: str = "",
+        debug_tracer: trace.Tracer | None = None,
     ) -> None:
         self.machine = MemberStateMachine(
             member_id,
@@ -149,6 +154,9 @@ class MemberRuntime:
         self._ops: dict[anyio.CancelScope, frozenset[int]] = {}
         #: Set once the coordinator answered a join (tests, readiness probes).
         self.joined = anyio.Event()
+        #: Answered heartbeats with their round-trip time, and failed ones (metrics).
+        self.heartbeats = Timing()
+        self._debug_tracer = debug_tracer
 
     @property
     def member_id(self) -> str:
@@ -258,8 +266,28 @@ class MemberRuntime:
             await self._sleep(delay_ms)
 
     async def _send(self, request: HeartbeatRequest, timeout_ms: int) -> HeartbeatResponse:
-        with anyio.fail_after(timeout_ms / 1000):
-            return await self._client.heartbeat(self.stream_prefix, self.consumer_group, request)
+        span = None
+        if self._debug_tracer is not None:
+            span = self._debug_tracer.start_span("streamkit heartbeat", kind=SpanKind.CLIENT)
+            if span.is_recording():
+                span.set_attribute("streamkit.member_id", self.member_id)
+                span.set_attribute("streamkit.epoch", request.member_epoch)
+        started = time.perf_counter()
+        try:
+            with anyio.fail_after(timeout_ms / 1000):
+                response = await self._client.heartbeat(
+                    self.stream_prefix, self.consumer_group, request
+                )
+        except Exception as exc:  # not cancellation: a stop is no failed heartbeat
+            self.heartbeats.failures += 1
+            end_span(span, exc)
+            raise
+        except BaseException:
+            end_span(span, None)
+            raise
+        self.heartbeats.add(time.perf_counter() - started)
+        end_span(span, None)
+        return response
 
     async def _on_response(self, response: HeartbeatResponse) -> int:
         """Apply an answer; returns how long to wait before the next heartbeat."""

@@ -2,11 +2,12 @@
 
 :class:`PrometheusMiddleware` counts and times every handled entry and every
 publish.  :class:`AppCollector` reads the members' state at scrape time
-(owned shards, joined, lease remaining), so nothing runs between scrapes.
+(owned shards, state, lease remaining, heartbeat and read round trips, which
+the members count themselves), so nothing runs between scrapes.
 
 Labels are bounded: ``stream_prefix`` and ``group`` (fixed by the code),
-``outcome`` and ``reason`` (fixed sets), and ``member`` only on the
-per-member gauges (a process runs ``concurrency`` members per listener).
+``outcome``, ``reason`` and ``state`` (fixed sets), and ``member`` only on the
+per-member metrics (a process runs ``concurrency`` members per listener).
 No metric is labelled by shard index, entry id or partition key.
 """
 
@@ -14,12 +15,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Final
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError(
@@ -27,6 +28,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 from streamkit.consumer.lifecycle import monotonic_ms
+from streamkit.consumer.member import MemberState
+from streamkit.consumer.stats import ReadTimer
 from streamkit.middleware import (
     BatchContext,
     BatchNext,
@@ -210,63 +213,103 @@ class PrometheusMiddleware(Middleware):
 _MEMBER_LABELS: Final = ["stream_prefix", "group", "member"]
 _GROUP_LABELS: Final = ["stream_prefix", "group"]
 
+_Family = GaugeMetricFamily | CounterMetricFamily | SummaryMetricFamily
+
+
+@dataclass(frozen=True, slots=True)
+class _Families:
+    owned: GaugeMetricFamily
+    joined: GaugeMetricFamily
+    state: GaugeMetricFamily
+    lease: GaugeMetricFamily
+    heartbeat: SummaryMetricFamily
+    heartbeat_failures: CounterMetricFamily
+    poll: SummaryMetricFamily
+    refreshes: CounterMetricFamily
+    retries: CounterMetricFamily
+
+    def __iter__(self) -> Iterator[_Family]:
+        return iter(getattr(self, f.name) for f in fields(self))
+
 
 class AppCollector(Collector):
-    """Gauges and counters of a :class:`~streamkit.app.StreamKit` read at scrape time:
-    its members' state and its publishers' own counters."""
+    """Gauges, counters and summaries of a :class:`~streamkit.app.StreamKit`
+    read at scrape time: its members' state and round trips, and its
+    publishers' own counters."""
 
     def __init__(self, app: StreamKit) -> None:
         self._app = app
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        owned, joined, lease, refreshes, retries = self._families()
+    def collect(self) -> Iterator[_Family]:
+        f = self._families()
         now = monotonic_ms()
         for member in self._app.members:
             machine = member.machine
             values = [member.stream_prefix, member.consumer_group, member.member_id]
-            owned.add_metric(values, len(machine.readable(now)))
-            joined.add_metric(values, 1.0 if machine.joined else 0.0)
-            lease.add_metric(values, machine.lease_remaining_ms(now) / 1000)
+            f.owned.add_metric(values, len(machine.readable(now)))
+            f.joined.add_metric(values, 1.0 if machine.joined else 0.0)
+            current = machine.state
+            for state in MemberState:
+                f.state.add_metric([*values, state.value], 1.0 if state is current else 0.0)
+            f.lease.add_metric(values, machine.lease_remaining_ms(now) / 1000)
+            beats = member.heartbeats
+            f.heartbeat.add_metric(values, beats.count, beats.seconds)
+            f.heartbeat_failures.add_metric(values, beats.failures)
+            observer = member.poller.observer if member.poller is not None else None
+            if isinstance(observer, ReadTimer):
+                f.poll.add_metric(values, observer.timing.count, observer.timing.seconds)
         for publisher in self._app.publishers:
             values = [publisher.stream_prefix, publisher.consumer_group]
-            refreshes.add_metric(values, publisher.refresher.refreshes)
-            retries.add_metric(values, publisher.retries)
-        yield from (owned, joined, lease, refreshes, retries)
+            f.refreshes.add_metric(values, publisher.refresher.refreshes)
+            f.retries.add_metric(values, publisher.retries)
+        yield from f
 
-    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def describe(self) -> Iterator[_Family]:
         # Names only: registering does no scrape-time work.
         yield from self._families()
 
     @staticmethod
-    def _families() -> tuple[
-        GaugeMetricFamily,
-        GaugeMetricFamily,
-        GaugeMetricFamily,
-        CounterMetricFamily,
-        CounterMetricFamily,
-    ]:
-        return (
-            GaugeMetricFamily(
-                "streamkit_member_owned_shards",
-                "Shards the member may read now.",
-                labels=_MEMBER_LABELS,
+    def _families() -> _Families:
+        member = _MEMBER_LABELS
+        return _Families(
+            owned=GaugeMetricFamily(
+                "streamkit_member_owned_shards", "Shards the member may read now.", labels=member
             ),
-            GaugeMetricFamily(
-                "streamkit_member_joined",
-                "1 when the member has joined its group.",
-                labels=_MEMBER_LABELS,
+            joined=GaugeMetricFamily(
+                "streamkit_member_joined", "1 when the member has joined its group.", labels=member
             ),
-            GaugeMetricFamily(
+            state=GaugeMetricFamily(
+                "streamkit_member_state",
+                "1 for the member's current state (joining, stable, reconciling, stopping, left).",
+                labels=[*member, "state"],
+            ),
+            lease=GaugeMetricFamily(
                 "streamkit_member_lease_remaining_seconds",
                 "Time reads stay allowed without another heartbeat answer.",
-                labels=_MEMBER_LABELS,
+                labels=member,
             ),
-            CounterMetricFamily(
+            heartbeat=SummaryMetricFamily(
+                "streamkit_member_heartbeat_duration_seconds",
+                "Round-trip time of answered heartbeats.",
+                labels=member,
+            ),
+            heartbeat_failures=CounterMetricFamily(
+                "streamkit_member_heartbeat_failures",
+                "Heartbeats that failed (coordinator down, timeout, error answer).",
+                labels=member,
+            ),
+            poll=SummaryMetricFamily(
+                "streamkit_consumer_poll_duration_seconds",
+                "Duration of the member's Redis reads (a blocking read of an idle shard "
+                "includes its wait).",
+                labels=member,
+            ),
+            refreshes=CounterMetricFamily(
                 "streamkit_publish_routing_refreshes",
                 "Routing refreshes the publisher started.",
                 labels=_GROUP_LABELS,
             ),
-            CounterMetricFamily(
+            retries=CounterMetricFamily(
                 "streamkit_publish_retries",
                 "Messages the publisher sent again (connection errors, stale routes).",
                 labels=_GROUP_LABELS,

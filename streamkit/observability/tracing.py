@@ -14,9 +14,16 @@ from typing import Final
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
-from streamkit.middleware import ConsumeContext, ConsumeNext, ConsumeResult, Middleware
+from streamkit.middleware import (
+    BatchContext,
+    BatchNext,
+    ConsumeContext,
+    ConsumeNext,
+    ConsumeResult,
+    Middleware,
+)
 
 __all__ = ["TracingMiddleware", "parent_context"]
 
@@ -26,6 +33,13 @@ _TRACEPARENT: Final = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2
 
 def parent_context(value: bytes | str | None) -> Context | None:
     """The remote span named by a ``traceparent`` value; None if absent or malformed."""
+    span_context = _remote_span_context(value)
+    if span_context is None:
+        return None
+    return trace.set_span_in_context(NonRecordingSpan(span_context))
+
+
+def _remote_span_context(value: bytes | str | None) -> SpanContext | None:
     if value is None:
         return None
     text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
@@ -35,10 +49,9 @@ def parent_context(value: bytes | str | None) -> Context | None:
     trace_id, span_id = int(match.group(1), 16), int(match.group(2), 16)
     if trace_id == 0 or span_id == 0:
         return None
-    span_context = SpanContext(
+    return SpanContext(
         trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(int(match.group(3), 16))
     )
-    return trace.set_span_in_context(NonRecordingSpan(span_context))
 
 
 class TracingMiddleware(Middleware):
@@ -89,3 +102,38 @@ class TracingMiddleware(Middleware):
                 if result.decision is not None:
                     span.set_status(Status(StatusCode.ERROR, result.decision.error))
             return result
+
+    async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:
+        if not self._explicit and isinstance(trace.get_tracer_provider(), _NO_PROVIDER):
+            return await call_next()
+        links: list[Link] = []
+        if self._field is not None:
+            for message in ctx.messages:
+                parent = _remote_span_context(message.raw_fields.get(self._field))
+                if parent is not None:
+                    links.append(Link(parent))
+        with self.tracer.start_as_current_span(
+            f"process {ctx.stream_prefix}",
+            kind=SpanKind.CONSUMER,
+            links=links,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            if span.is_recording():
+                span.set_attribute("messaging.system", "redis")
+                span.set_attribute("messaging.operation.type", "process")
+                span.set_attribute("messaging.destination.name", ctx.messages[0].stream_key)
+                span.set_attribute("messaging.consumer.group.name", ctx.consumer_group)
+                span.set_attribute("messaging.batch.message_count", len(ctx.messages))
+                span.set_attribute("streamkit.shard_index", ctx.shard)
+                span.set_attribute("streamkit.member_id", ctx.member_id)
+            results = await call_next()
+            if span.is_recording():
+                decisions = [(r.decision, r.error) for r in results if r.decision is not None]
+                if decisions:
+                    decision, error = decisions[0]
+                    span.set_attribute("streamkit.failed_count", len(decisions))
+                    if error is not None:
+                        span.record_exception(error)
+                    span.set_status(Status(StatusCode.ERROR, decision.error))
+            return results
