@@ -156,6 +156,8 @@ class MemberRuntime:
         self.joined = anyio.Event()
         #: Answered heartbeats with their round-trip time, and failed ones (metrics).
         self.heartbeats = Timing()
+        #: Set by ``crash()``.
+        self.crashed = False
         self._debug_tracer = debug_tracer
 
     @property
@@ -181,6 +183,22 @@ class MemberRuntime:
         if self.poller is not None:
             self.poller.close()
         self._wake.set()
+
+    def crash(self) -> None:
+        """Stop as a killed process would (tests): no drain, no acks, no leave.
+
+        Handlers and hooks are cancelled and unsent acks dropped; the
+        coordinator hands the shards over once the member lease runs out, and
+        their unacked entries are delivered again to the next owner.
+        """
+        self.crashed = True
+        for scope in list(self._ops):
+            scope.cancel()
+        if self.poller is not None:
+            self.poller.abort_all()
+            self.poller.close()
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
 
     def _start_user_task(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         if self._tg is None:
