@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from streamkit.consumer.failure import Action, Decision
@@ -168,14 +169,32 @@ def chain(
     ctx: C,
     innermost: Callable[[], Awaitable[R]],
 ) -> Awaitable[R]:
-    """Run ``innermost`` wrapped by ``middlewares`` (first = outermost) for ``method``."""
+    """Run ``innermost`` wrapped by ``middlewares`` (first = outermost) for ``method``.
+
+    Runs per entry, so it is kept cheap: the middlewares that override
+    ``method`` are looked up once per list (a pass-through level would cost a
+    coroutine for nothing), and each level's ``call_next`` is a
+    ``functools.partial`` (built in C) rather than a new Python closure.
+    """
     call: Callable[[], Awaitable[R]] = innermost
-    for middleware in reversed(middlewares):
-        bound = getattr(middleware, method)
-
-        def step(bound: Any = bound, inner: Callable[[], Awaitable[R]] = call) -> Awaitable[R]:
-            result: Awaitable[R] = bound(ctx, inner)
-            return result
-
-        call = step
+    for bound in reversed(_overriding(middlewares, method)):
+        call = partial(bound, ctx, call)
     return call()
+
+
+# (middlewares, method) -> the bound methods that are not the pass-through.
+# Bounded: a process builds few middleware lists (tests build more).
+_CHAINS: dict[tuple[tuple[Middleware, ...], str], tuple[Callable[..., Any], ...]] = {}
+_CHAINS_MAX = 256
+
+
+def _overriding(middlewares: Sequence[Middleware], method: str) -> tuple[Callable[..., Any], ...]:
+    key = (middlewares if isinstance(middlewares, tuple) else tuple(middlewares), method)
+    found = _CHAINS.get(key)
+    if found is None:
+        base = getattr(Middleware, method)
+        found = tuple(getattr(m, method) for m in key[0] if getattr(type(m), method) is not base)
+        if len(_CHAINS) >= _CHAINS_MAX:
+            _CHAINS.clear()
+        _CHAINS[key] = found
+    return found

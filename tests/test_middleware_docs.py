@@ -37,19 +37,7 @@ def registered() -> dict[str, tuple[str, set[str]]]:
     middleware = PrometheusMiddleware(registry)
     registry.register(AppCollector(StreamKit()))
     out: dict[str, tuple[str, set[str]]] = {}
-    for metric in (
-        middleware.received,
-        middleware.handled,
-        middleware.duration,
-        middleware.in_flight,
-        middleware.published,
-        middleware.publish_duration,
-        middleware.publish_errors,
-    ):
-        (family,) = metric.describe()
-        name = family.name + ("_total" if family.type == "counter" else "")
-        out[name] = (family.type, set(metric._labelnames))
-    for family in AppCollector(StreamKit()).describe():
+    for family in [*middleware.describe(), *AppCollector(StreamKit()).describe()]:
         name = family.name + ("_total" if family.type == "counter" else "")
         out[name] = (family.type, set(family._labelnames))
     # Every name the registry would expose is covered by the loop above.

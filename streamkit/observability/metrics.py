@@ -14,13 +14,19 @@ No metric is labelled by shard index, entry id or partition key.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Final
 
 try:
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        SummaryMetricFamily,
+    )
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError(
@@ -51,7 +57,10 @@ if TYPE_CHECKING:
 __all__ = ["AppCollector", "PrometheusMiddleware", "error_reason"]
 
 _LABELS: Final = ("stream_prefix", "group")
+_Family = GaugeMetricFamily | CounterMetricFamily | SummaryMetricFamily | HistogramMetricFamily
 _BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+# The "le" label of each bucket as Prometheus writes it ("1.0", "+Inf").
+_LE: Final = (*(repr(float(b)) for b in _BUCKETS), "+Inf")
 
 
 def error_reason(error: BaseException) -> str:
@@ -71,121 +80,125 @@ def error_reason(error: BaseException) -> str:
     return "redis" if module.startswith("redis") else "other"
 
 
-@dataclass(frozen=True, slots=True)
-class _Children:
-    received: Counter
-    handled: dict[Outcome, Counter]
-    duration: Histogram
-    in_flight: Gauge
+class _Histogram:
+    """A histogram's bucket counts and sum as plain numbers (see ``_Group``)."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(_BUCKETS) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        # bisect_left: the first bound >= value, i.e. Prometheus' "le" bucket.
+        self.counts[bisect_left(_BUCKETS, value)] += 1
+        self.total += value
+
+    def add_to(self, family: HistogramMetricFamily, labels: list[str]) -> None:
+        cumulative, running = [], 0
+        for bound, count in zip(_LE, self.counts, strict=True):
+            running += count
+            cumulative.append((bound, running))
+        family.add_metric(labels, cumulative, self.total)
 
 
-class PrometheusMiddleware(Middleware):
+class _Group:
+    """The numbers of one (stream prefix, group): plain attributes, no locks.
+
+    prometheus-client's metric objects take a lock and check their state on
+    every ``inc``/``observe`` (about 1 us each, five of them per entry); the
+    middleware runs on the event loop only, so plain additions do, and
+    ``collect`` turns them into metric families at scrape time.  In flight is
+    what was received and has not ended.
+    """
+
+    __slots__ = (
+        "duration",
+        "ended",
+        "failed",
+        "publish_duration",
+        "publish_errors",
+        "published",
+        "received",
+        "succeeded",
+    )
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.ended = 0
+        # Acked entries counted apart: the common case skips the enum (hashing
+        # an Enum member runs Python code).
+        self.succeeded = 0
+        self.failed = dict.fromkeys(Outcome, 0)
+        self.duration = _Histogram()
+        self.published = 0
+        self.publish_duration = _Histogram()
+        self.publish_errors: dict[str, int] = {}
+
+
+class PrometheusMiddleware(Middleware, Collector):
     """Counters and histograms of handled entries and publishes.
 
-    Registers on ``registry`` (default: prometheus-client's global one).
+    Registers itself, a collector, on ``registry`` (default: prometheus-client's
+    global one); the figures are plain numbers until a scrape reads them.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self._cache: dict[tuple[str, str], _Children] = {}
+        self._groups: dict[tuple[str, str], _Group] = {}
         from prometheus_client import REGISTRY
 
-        kw = registry if registry is not None else REGISTRY
-        self.received = Counter(
-            "streamkit_consumer_entries_received",
-            "Entries handed to a handler.",
-            _LABELS,
-            registry=kw,
-        )
-        self.handled = Counter(
-            "streamkit_consumer_entries_handled",
-            "Entries whose handler finished, by outcome (acked, retried, dead_lettered, halted).",
-            (*_LABELS, "outcome"),
-            registry=kw,
-        )
-        self.duration = Histogram(
-            "streamkit_consumer_handler_duration_seconds",
-            "Handler run time (per entry, or per call of a batch handler).",
-            _LABELS,
-            buckets=_BUCKETS,
-            registry=kw,
-        )
-        self.in_flight = Gauge(
-            "streamkit_consumer_in_flight",
-            "Entries (or batches) whose handler is running.",
-            _LABELS,
-            registry=kw,
-        )
-        self.published = Counter(
-            "streamkit_publish_messages",
-            "Messages published.",
-            _LABELS,
-            registry=kw,
-        )
-        self.publish_duration = Histogram(
-            "streamkit_publish_duration_seconds",
-            "Duration of a publish or publish_many call.",
-            _LABELS,
-            buckets=_BUCKETS,
-            registry=kw,
-        )
-        self.publish_errors = Counter(
-            "streamkit_publish_errors",
-            "Failed publish / publish_many calls, by reason.",
-            (*_LABELS, "reason"),
-            registry=kw,
-        )
+        (registry if registry is not None else REGISTRY).register(self)
 
-    def _children(self, stream_prefix: str, group: str) -> _Children:
-        # labels() takes a lock and builds a key on every call: look each
-        # label set up once (their number is bounded by the app's listeners).
+    def _group(self, stream_prefix: str, group: str) -> _Group:
         key = (stream_prefix, group)
-        children = self._cache.get(key)
-        if children is None:
-            children = self._cache[key] = _Children(
-                self.received.labels(*key),
-                {o: self.handled.labels(*key, o.value) for o in Outcome},
-                self.duration.labels(*key),
-                self.in_flight.labels(*key),
-            )
-        return children
+        found = self._groups.get(key)
+        if found is None:
+            found = self._groups[key] = _Group()
+        return found
 
     async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
-        children = self._children(ctx.stream_prefix, ctx.consumer_group)
-        children.received.inc()
-        children.in_flight.inc()
+        group = self._groups.get((ctx.stream_prefix, ctx.consumer_group))
+        if group is None:
+            group = self._group(ctx.stream_prefix, ctx.consumer_group)
+        group.received += 1
         try:
             result = await call_next()
         finally:
-            children.in_flight.dec()
-        children.duration.observe(result.duration_s)
-        children.handled[result.outcome].inc()
+            group.ended += 1
+        group.duration.observe(result.duration_s)
+        if result.decision is None:
+            group.succeeded += 1
+        else:
+            group.failed[result.outcome] += 1
         return result
 
     async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:
-        labels = (ctx.stream_prefix, ctx.consumer_group)
-        self.received.labels(*labels).inc(len(ctx.messages))
-        gauge = self.in_flight.labels(*labels)
-        gauge.inc(len(ctx.messages))
+        group = self._group(ctx.stream_prefix, ctx.consumer_group)
+        size = len(ctx.messages)
+        group.received += size
         try:
             results = await call_next()
         finally:
-            gauge.dec(len(ctx.messages))
+            group.ended += size
         if results:
-            self.duration.labels(*labels).observe(results[0].duration_s)
+            group.duration.observe(results[0].duration_s)
         for result in results:
-            self.handled.labels(*labels, result.outcome.value).inc()
+            if result.decision is None:
+                group.succeeded += 1
+            else:
+                group.failed[result.outcome] += 1
         return results
 
     async def publish(self, ctx: PublishContext, call_next: PublishNext) -> PublishResult:
-        labels = (ctx.stream_prefix, ctx.consumer_group)
+        group = self._group(ctx.stream_prefix, ctx.consumer_group)
         started = time.perf_counter()
         try:
             result = await call_next()
         except Exception as exc:
-            self.publish_errors.labels(*labels, error_reason(exc)).inc()
+            _count(group.publish_errors, error_reason(exc))
             raise
-        self.publish_duration.labels(*labels).observe(time.perf_counter() - started)
-        self.published.labels(*labels).inc()
+        group.publish_duration.observe(time.perf_counter() - started)
+        group.published += 1
         return result
 
     async def publish_many(
@@ -193,27 +206,103 @@ class PrometheusMiddleware(Middleware):
     ) -> list[PublishResult]:
         from streamkit.publisher.publisher import PublishBatchError
 
-        labels = (ctx.stream_prefix, ctx.consumer_group)
+        group = self._group(ctx.stream_prefix, ctx.consumer_group)
         started = time.perf_counter()
         try:
             results = await call_next()
         except PublishBatchError as exc:
-            self.published.labels(*labels).inc(sum(r is not None for r in exc.results))
+            group.published += sum(r is not None for r in exc.results)
             for error in exc.errors.values():
-                self.publish_errors.labels(*labels, error_reason(error)).inc()
+                _count(group.publish_errors, error_reason(error))
             raise
         except Exception as exc:
-            self.publish_errors.labels(*labels, error_reason(exc)).inc()
+            _count(group.publish_errors, error_reason(exc))
             raise
-        self.publish_duration.labels(*labels).observe(time.perf_counter() - started)
-        self.published.labels(*labels).inc(len(results))
+        group.publish_duration.observe(time.perf_counter() - started)
+        group.published += len(results)
         return results
+
+    # -- the collector -------------------------------------------------------------------
+
+    def collect(self) -> Iterator[_Family]:
+        f = self._families()
+        for (prefix, name), group in list(self._groups.items()):
+            labels = [prefix, name]
+            f.received.add_metric(labels, group.received)
+            for outcome, count in group.failed.items():
+                if outcome is Outcome.ACKED:
+                    count = group.succeeded
+                f.handled.add_metric([*labels, outcome.value], count)
+            group.duration.add_to(f.duration, labels)
+            f.in_flight.add_metric(labels, group.received - group.ended)
+            f.published.add_metric(labels, group.published)
+            group.publish_duration.add_to(f.publish_duration, labels)
+            for reason, count in list(group.publish_errors.items()):
+                f.publish_errors.add_metric([*labels, reason], count)
+        yield from f
+
+    def describe(self) -> Iterator[_Family]:
+        yield from self._families()
+
+    @staticmethod
+    def _families() -> _MiddlewareFamilies:
+        labels = list(_LABELS)
+        return _MiddlewareFamilies(
+            received=CounterMetricFamily(
+                "streamkit_consumer_entries_received", "Entries handed to a handler.", labels=labels
+            ),
+            handled=CounterMetricFamily(
+                "streamkit_consumer_entries_handled",
+                "Entries whose handler finished, by outcome "
+                "(acked, retried, dead_lettered, halted).",
+                labels=[*labels, "outcome"],
+            ),
+            duration=HistogramMetricFamily(
+                "streamkit_consumer_handler_duration_seconds",
+                "Handler run time (per entry, or per call of a batch handler).",
+                labels=labels,
+            ),
+            in_flight=GaugeMetricFamily(
+                "streamkit_consumer_in_flight",
+                "Entries (or batches) whose handler is running.",
+                labels=labels,
+            ),
+            published=CounterMetricFamily(
+                "streamkit_publish_messages", "Messages published.", labels=labels
+            ),
+            publish_duration=HistogramMetricFamily(
+                "streamkit_publish_duration_seconds",
+                "Duration of a publish or publish_many call.",
+                labels=labels,
+            ),
+            publish_errors=CounterMetricFamily(
+                "streamkit_publish_errors",
+                "Failed publish / publish_many calls, by reason.",
+                labels=[*labels, "reason"],
+            ),
+        )
+
+
+def _count(counts: dict[str, int], key: str) -> None:
+    counts[key] = counts.get(key, 0) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class _MiddlewareFamilies:
+    received: CounterMetricFamily
+    handled: CounterMetricFamily
+    duration: HistogramMetricFamily
+    in_flight: GaugeMetricFamily
+    published: CounterMetricFamily
+    publish_duration: HistogramMetricFamily
+    publish_errors: CounterMetricFamily
+
+    def __iter__(self) -> Iterator[_Family]:
+        return iter(getattr(self, f.name) for f in fields(self))
 
 
 _MEMBER_LABELS: Final = ["stream_prefix", "group", "member"]
 _GROUP_LABELS: Final = ["stream_prefix", "group"]
-
-_Family = GaugeMetricFamily | CounterMetricFamily | SummaryMetricFamily
 
 
 @dataclass(frozen=True, slots=True)

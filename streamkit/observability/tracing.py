@@ -9,7 +9,9 @@ through the handler (and whatever the handler calls).
 
 from __future__ import annotations
 
+import math
 import re
+import time
 from typing import Final
 
 from opentelemetry import trace
@@ -28,6 +30,7 @@ from streamkit.middleware import (
 __all__ = ["TracingMiddleware", "parent_context"]
 
 _NO_PROVIDER: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+_RECHECK_S: Final = 1.0
 _TRACEPARENT: Final = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
 
@@ -68,32 +71,51 @@ class TracingMiddleware(Middleware):
         self.tracer = tracer or trace.get_tracer("streamkit")
         self._explicit = tracer is not None
         self._field = field.encode() if field else None
+        self._active = self._explicit
+        self._recheck_at = -math.inf
+
+    def _tracing(self) -> bool:
+        """Whether spans are worth starting: a tracer was given, or a provider is installed.
+
+        Without an SDK a no-op span would still cost a context switch per
+        entry.  ``get_tracer_provider()`` reads the environment while none is
+        installed (about 1 us), so the answer is kept for a second: a provider
+        installed later is used from the next check on.
+        """
+        if self._explicit:
+            return True
+        now = time.monotonic()
+        if now >= self._recheck_at:
+            self._active = not isinstance(trace.get_tracer_provider(), _NO_PROVIDER)
+            self._recheck_at = now + _RECHECK_S
+        return self._active
 
     async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
-        if not self._explicit and isinstance(trace.get_tracer_provider(), _NO_PROVIDER):
-            # No SDK installed: a no-op span would still cost a context switch
-            # per entry; skip it (the check is one global read).
+        if not self._tracing():
             return await call_next()
         message = ctx.message
         parent = None
         if self._field is not None:
             parent = parent_context(message.raw_fields.get(self._field))
+        # Attributes given at the start: an SDK span takes its lock once for
+        # them, instead of once per set_attribute call.
         with self.tracer.start_as_current_span(
             f"process {ctx.stream_prefix}",
             context=parent,
             kind=SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "redis",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": message.stream_key,
+                "messaging.consumer.group.name": ctx.consumer_group,
+                "messaging.message.id": message.id,
+                "streamkit.shard_index": message.shard,
+                "streamkit.member_id": ctx.member_id,
+                "streamkit.delivery_count": message.delivery_count,
+            },
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
-            if span.is_recording():
-                span.set_attribute("messaging.system", "redis")
-                span.set_attribute("messaging.operation.type", "process")
-                span.set_attribute("messaging.destination.name", message.stream_key)
-                span.set_attribute("messaging.consumer.group.name", ctx.consumer_group)
-                span.set_attribute("messaging.message.id", message.id)
-                span.set_attribute("streamkit.shard_index", message.shard)
-                span.set_attribute("streamkit.member_id", ctx.member_id)
-                span.set_attribute("streamkit.delivery_count", message.delivery_count)
             result = await call_next()
             if span.is_recording():
                 span.set_attribute("streamkit.outcome", result.outcome.value)
@@ -104,7 +126,7 @@ class TracingMiddleware(Middleware):
             return result
 
     async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:
-        if not self._explicit and isinstance(trace.get_tracer_provider(), _NO_PROVIDER):
+        if not self._tracing():
             return await call_next()
         links: list[Link] = []
         if self._field is not None:
