@@ -74,6 +74,11 @@ class TracingMiddleware(Middleware):
         self._active = self._explicit
         self._recheck_at = -math.inf
 
+    @property
+    def active(self) -> bool:  # type: ignore[override]
+        """Inactive while no tracer provider is installed: the chain skips it."""
+        return self._tracing()
+
     def _tracing(self) -> bool:
         """Whether spans are worth starting: a tracer was given, or a provider is installed.
 
