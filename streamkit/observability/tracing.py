@@ -14,6 +14,7 @@ import re
 import time
 from typing import Final
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
@@ -103,8 +104,10 @@ class TracingMiddleware(Middleware):
         if self._field is not None:
             parent = parent_context(message.raw_fields.get(self._field))
         # Attributes given at the start: an SDK span takes its lock once for
-        # them, instead of once per set_attribute call.
-        with self.tracer.start_as_current_span(
+        # them, instead of once per set_attribute call.  start_span and a
+        # context token rather than start_as_current_span: that one stacks
+        # three generator context managers per entry.
+        span = self.tracer.start_span(
             f"process {ctx.stream_prefix}",
             context=parent,
             kind=SpanKind.CONSUMER,
@@ -120,7 +123,9 @@ class TracingMiddleware(Middleware):
             },
             record_exception=False,
             set_status_on_exception=False,
-        ) as span:
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
             result = await call_next()
             if span.is_recording():
                 span.set_attribute("streamkit.outcome", result.outcome.value)
@@ -129,6 +134,9 @@ class TracingMiddleware(Middleware):
                 if result.decision is not None:
                     span.set_status(Status(StatusCode.ERROR, result.decision.error))
             return result
+        finally:
+            otel_context.detach(token)
+            span.end()
 
     async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:
         if not self._tracing():
