@@ -287,8 +287,15 @@ def _count(counts: dict[str, int], key: str) -> None:
     counts[key] = counts.get(key, 0) + 1
 
 
+class _FamilySet:
+    """Dataclasses of metric families, iterated in field order (a scrape's output)."""
+
+    def __iter__(self) -> Iterator[_Family]:
+        return iter(getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True, slots=True)
-class _MiddlewareFamilies:
+class _MiddlewareFamilies(_FamilySet):
     received: CounterMetricFamily
     handled: CounterMetricFamily
     duration: HistogramMetricFamily
@@ -297,16 +304,13 @@ class _MiddlewareFamilies:
     publish_duration: HistogramMetricFamily
     publish_errors: CounterMetricFamily
 
-    def __iter__(self) -> Iterator[_Family]:
-        return iter(getattr(self, f.name) for f in fields(self))
-
 
 _MEMBER_LABELS: Final = ["stream_prefix", "group", "member"]
 _GROUP_LABELS: Final = ["stream_prefix", "group"]
 
 
 @dataclass(frozen=True, slots=True)
-class _Families:
+class _Families(_FamilySet):
     owned: GaugeMetricFamily
     joined: GaugeMetricFamily
     state: GaugeMetricFamily
@@ -316,9 +320,6 @@ class _Families:
     poll: SummaryMetricFamily
     refreshes: CounterMetricFamily
     retries: CounterMetricFamily
-
-    def __iter__(self) -> Iterator[_Family]:
-        return iter(getattr(self, f.name) for f in fields(self))
 
 
 class AppCollector(Collector):

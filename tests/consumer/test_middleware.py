@@ -107,15 +107,21 @@ async def test_middlewares_wrap_handler_and_policy_in_order(
     assert all(h["via-outer"] == "1" and h["via-inner"] == "1" for h in handled)
 
 
+def recording() -> tuple[InMemorySpanExporter, TracerProvider]:
+    """A private SDK provider that keeps every finished span (the global one is untouched)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter, provider
+
+
 @standalone
 async def test_consumer_span_is_child_of_the_producer_span(
     coordinator: CoordinatorProcess, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 2)
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter, provider = recording()
     tracer = provider.get_tracer("streamkit")
     app = StreamKit(
         **in_process_settings(coordinator, any_redis, "trace"),
@@ -274,9 +280,7 @@ async def test_batch_span_links_every_producer_and_debug_spans_cover_heartbeats_
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 1)
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter, provider = recording()
     tracer = provider.get_tracer("streamkit")
     app = StreamKit(
         **in_process_settings(coordinator, any_redis, "batchspan"),
