@@ -22,9 +22,10 @@ publishes N keyed ~100-byte messages in each mode:
                     publisher's socket timeout (redis-py then arms a timer
                     per reply; the publisher's own client has one)
   - publisher:      ``await publisher.publish_many(batch)``
-* both publisher modes again with the built-in metrics middleware and tracing
-  on (an OTel SDK provider recording every span, the ``traceparent`` field
-  written): the cost of observability, as a ratio to the plain publisher
+* both publisher modes again with the built-in metrics and tracing middlewares
+  on, once with an OTel SDK provider recording every producer span (the
+  ``traceparent`` field written) and once without an SDK (API only): the
+  cost of observability, as a ratio to the plain publisher
 * concurrent: 1, 10 and 100 tasks, each awaiting its share one message at a time
   - raw xadd each:  every task awaits its own ``XADD`` (redis-py sends one
                     command per call, each on a pooled connection)
@@ -53,14 +54,14 @@ import httpx
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
-from streamkit.metrics import PrometheusMiddleware
-from streamkit.producer import Publisher
+from streamkit.observability.metrics import PrometheusMiddleware
+from streamkit.observability.tracing import TracingMiddleware
+from streamkit.publisher.publisher import Publisher
 from streamkit.routing import shard_for_key, stream_key
 from streamkit.settings import StreamKitSettings
 from streamkit.testing import AsyncRedisClient, RedisCluster, RedisServer, RedisTarget
 from streamkit.testing import redis_client as make_client
 from streamkit.testing.coordinator import CoordinatorProcess
-from streamkit.tracing import TracingMiddleware
 
 PREFIX = "bench-orders"
 GROUP = "billing"
@@ -233,6 +234,15 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
     )
     observed.tracer = sdk.get_tracer("streamkit")
     await observed.start()
+    # The same middlewares without an SDK (the API's no-op): an app that only
+    # wants metrics.
+    metered = Publisher(
+        PREFIX,
+        GROUP,
+        settings=settings,
+        middlewares=[PrometheusMiddleware(CollectorRegistry()), TracingMiddleware()],
+    )
+    await metered.start()
     # Today's behaviour for the concurrent pattern: every call its own round trip.
     plain = Publisher(PREFIX, GROUP, settings=settings, coalesce=False)
     await plain.start()
@@ -242,10 +252,12 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
         "single  raw execute_command": raw_single_command(raw),
         "single  publisher.publish": publisher_single(pub),
         "single  publish, metrics+tracing": publisher_single(observed),
+        "single  publish, metrics+tracing API": publisher_single(metered),
         "batched raw, pipeline per shard": raw_per_shard(raw),
         "batched raw, one pipeline": raw_one_pipeline(raw),
         "batched publisher.publish_many": publisher_batched(pub),
         "batched publish_many, metrics+tracing": publisher_batched(observed),
+        "batched publish_many, metrics+tracing API": publisher_batched(metered),
         "single  publisher, coalescing off": publisher_single(plain),
     }
     for size in BATCH_SIZES:
@@ -276,6 +288,7 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
     finally:
         await pub.aclose()
         await observed.aclose()
+        await metered.aclose()
         await plain.aclose()
         await raw.aclose()
         await raw_timed.aclose()
@@ -346,8 +359,14 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
     obs_batch = (
         best["batched publish_many, metrics+tracing"] / best["batched publisher.publish_many"]
     )
-    print(f"  single:  metrics+tracing on / off            = {obs_single:.0%}")
-    print(f"  batched: metrics+tracing on / off            = {obs_batch:.0%}")
+    api_single = best["single  publish, metrics+tracing API"] / best["single  publisher.publish"]
+    api_batch = (
+        best["batched publish_many, metrics+tracing API"] / best["batched publisher.publish_many"]
+    )
+    print(f"  single:  metrics+tracing (SDK) on / off      = {obs_single:.0%}")
+    print(f"  batched: metrics+tracing (SDK) on / off      = {obs_batch:.0%}")
+    print(f"  single:  metrics+tracing (API only) on / off = {api_single:.0%}")
+    print(f"  batched: metrics+tracing (API only) on / off = {api_batch:.0%}")
     print(
         f"  publisher counters: published={pub.published} retries={pub.retries} "
         f"refreshes={pub.refresher.refreshes}"

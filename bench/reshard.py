@@ -36,7 +36,7 @@ import anyio
 import httpx
 
 from streamkit import Message, StreamKit
-from streamkit.producer import Publisher
+from streamkit.publisher.publisher import Publisher
 from streamkit.settings import StreamKitSettings
 from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MEMBER = "streamkit/member.py"
+MEMBER = "streamkit/consumer/member.py"
 DRAFT = "streamkit_server/core/draft.py"
 HEARTBEAT = "streamkit_server/core/heartbeat.py"
 SIMULATION = "tests/core/test_simulation.py"
@@ -239,7 +239,10 @@ def simulate(copy: Path, seed: str) -> tuple[bool, float, str]:
 
 def imports_copy(copy: Path) -> None:
     """The copy, not the editable install, must be what the simulation imports."""
-    probe = "import streamkit.member, streamkit_server.core; print(streamkit_server.core.__file__)"
+    probe = (
+        "import streamkit.consumer.member, streamkit_server.core; "
+        "print(streamkit_server.core.__file__)"
+    )
     env = dict(os.environ, PYTHONPATH=str(copy))
     where = subprocess.run(
         [sys.executable, "-c", probe], cwd=copy, env=env, capture_output=True, text=True, check=True

@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from streamkit.app import StreamKit
-    from streamkit.consumer import GroupNotFoundError, MemberRejectedError
+    from streamkit.consumer.failure import FailurePolicy, PayloadError
+    from streamkit.consumer.lifecycle import ShardContext, ShardLifecycle
+    from streamkit.consumer.listener import ListenerConfigError
+    from streamkit.consumer.message import Message
+    from streamkit.consumer.runtime import GroupNotFoundError, MemberRejectedError
     from streamkit.coordinator_client import CoordinatorError, CoordinatorUnavailable
     from streamkit.errors import StreamkitError
-    from streamkit.failure import FailurePolicy, PayloadError
-    from streamkit.lifecycle import ShardContext, ShardLifecycle
-    from streamkit.listener import ListenerConfigError
-    from streamkit.message import Message
     from streamkit.middleware import ConsumeResult, Middleware, Outcome
-    from streamkit.producer import Publisher, PublishError, PublishResult
-    from streamkit.routing_cache import RoutingUnavailable
+    from streamkit.publisher.publisher import Publisher, PublishError, PublishResult
+    from streamkit.publisher.routing_cache import RoutingUnavailable
     from streamkit.settings import StreamKitSettings
 
 __all__ = [
@@ -61,24 +61,24 @@ __all__ = [
 
 _EXPORTS: dict[str, str] = {
     "StreamKit": "streamkit.app",
-    "GroupNotFoundError": "streamkit.consumer",
-    "MemberRejectedError": "streamkit.consumer",
+    "GroupNotFoundError": "streamkit.consumer.runtime",
+    "MemberRejectedError": "streamkit.consumer.runtime",
     "CoordinatorError": "streamkit.coordinator_client",
     "CoordinatorUnavailable": "streamkit.coordinator_client",
     "StreamkitError": "streamkit.errors",
-    "FailurePolicy": "streamkit.failure",
-    "PayloadError": "streamkit.failure",
-    "ShardContext": "streamkit.lifecycle",
-    "ShardLifecycle": "streamkit.lifecycle",
-    "ListenerConfigError": "streamkit.listener",
-    "Message": "streamkit.message",
+    "FailurePolicy": "streamkit.consumer.failure",
+    "PayloadError": "streamkit.consumer.failure",
+    "ShardContext": "streamkit.consumer.lifecycle",
+    "ShardLifecycle": "streamkit.consumer.lifecycle",
+    "ListenerConfigError": "streamkit.consumer.listener",
+    "Message": "streamkit.consumer.message",
     "ConsumeResult": "streamkit.middleware",
     "Middleware": "streamkit.middleware",
     "Outcome": "streamkit.middleware",
-    "PublishError": "streamkit.producer",
-    "PublishResult": "streamkit.producer",
-    "Publisher": "streamkit.producer",
-    "RoutingUnavailable": "streamkit.routing_cache",
+    "PublishError": "streamkit.publisher.publisher",
+    "PublishResult": "streamkit.publisher.publisher",
+    "Publisher": "streamkit.publisher.publisher",
+    "RoutingUnavailable": "streamkit.publisher.routing_cache",
     "StreamKitSettings": "streamkit.settings",
 }
 

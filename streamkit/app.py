@@ -15,27 +15,30 @@ from types import ModuleType, TracebackType
 from typing import Any, Self, TypeVar
 
 import anyio
+from anyio.abc import TaskGroup
 from dependency_injector import containers, providers
+from opentelemetry import trace
 from redis.exceptions import RedisError
 
 from streamkit.connections import AsyncRedis, connect_redis, redacted_url
-from streamkit.consumer import GroupNotFoundError, MemberRuntime
-from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
-from streamkit.errors import StreamkitError
-from streamkit.failure import FailurePolicy
-from streamkit.group_hints import existing_groups_hint
-from streamkit.lifecycle import ShardLifecycle
-from streamkit.listener import (
+from streamkit.consumer.failure import FailurePolicy
+from streamkit.consumer.lifecycle import ShardLifecycle
+from streamkit.consumer.listener import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_BLOCK_MS,
     Listener,
     ListenerConfigError,
     MessageHandler,
 )
-from streamkit.member import MemberStateMachine, new_incarnation
+from streamkit.consumer.member import MemberStateMachine, new_incarnation
+from streamkit.consumer.poller import ReadObserver, ShardPoller, supports_xackdel
+from streamkit.consumer.runtime import GroupNotFoundError, MemberRuntime
+from streamkit.consumer.stats import ReadTimer, debug_tracer
+from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
+from streamkit.errors import StreamkitError, first_leaf
+from streamkit.group_hints import existing_groups_hint
 from streamkit.middleware import Middleware
-from streamkit.poller import ReadObserver, ShardPoller, supports_xackdel
-from streamkit.producer import (
+from streamkit.publisher.publisher import (
     CoordinatorUnreachableError,
     Publisher,
     ShardStreamsMissing,
@@ -77,6 +80,7 @@ class StreamKit:
         shutdown_timeout: float = 30.0,
         read_observer: ReadObserver | None = None,
         middlewares: Iterable[Middleware] = (),
+        debug_tracer: trace.Tracer | None = None,
         **overrides: Any,
     ) -> None:
         if overrides:
@@ -89,6 +93,9 @@ class StreamKit:
         #: Wrap every handled entry and every publish of this app's publishers
         #: (first = outermost); see ``streamkit.middleware``.
         self.middlewares: list[Middleware] = list(middlewares)
+        #: Where heartbeat and read spans go (None: ``STREAMKIT_TRACE_DEBUG``
+        #: decides, with the global tracer provider).
+        self.debug_tracer = debug_tracer
         self._lifespan = lifespan
         self._coordinator = coordinator
         self._owns_coordinator = coordinator is None
@@ -101,6 +108,10 @@ class StreamKit:
         self._shutdown: list[Hook] = []
         self._stack: AsyncExitStack | None = None
         self._members: list[MemberRuntime] = []
+        # Set by each member's task when it returns (index as in _members).
+        self._finished: list[anyio.Event] = []
+        self._member_tg: TaskGroup | None = None
+        self._xackdel = False
         self._stop: anyio.Event | None = None
         self._stop_requested = False
         self._force_requested = False
@@ -377,8 +388,8 @@ class StreamKit:
         await self.start()
         try:
             await self._check_groups()
-            xackdel = await self._detect_xackdel()
-            self._members = self._build_members(xackdel)
+            self._xackdel = await self._detect_xackdel()
+            self._members = self._build_members(self._xackdel)
             log.info(
                 "streamkit serving %d listener(s) with %d member(s)",
                 len(self._listeners),
@@ -392,9 +403,32 @@ class StreamKit:
 
     # -- internals ---------------------------------------------------------------------
 
+    def restart_member(self, member: MemberRuntime) -> MemberRuntime:
+        """Start a member in place of ``member`` (after ``member.crash()``), as a
+        restarted process would: a new incarnation, so a new member id unless
+        membership is static.  For tests (``StreamKitHarness.restart``)."""
+        if self._member_tg is None or member not in self._members:
+            raise RuntimeError(f"member {member.member_id} is not one of this app's members")
+        if not member.crashed:
+            raise RuntimeError(f"member {member.member_id} is still running: crash() it first")
+        index = self._members.index(member)
+        listener = next(
+            x for x in self._listeners if x.key == (member.stream_prefix, member.consumer_group)
+        )
+        slot = member.member_id.rsplit("-m", 1)[1]
+        incarnation = new_incarnation()
+        base = self.settings.member_id_prefix(incarnation)
+        fresh = self._member(listener, f"{base}-m{slot}", incarnation, self._xackdel)
+        self._members[index] = fresh
+        self._finished[index] = done = anyio.Event()
+        self._member_tg.start_soon(_run_member, fresh, done, name=f"streamkit-member-{slot}")
+        return fresh
+
     async def _supervise(self, members: list[MemberRuntime], stop: anyio.Event) -> None:
         async with anyio.create_task_group() as tg:
-            finished = [anyio.Event() for _ in members]
+            # Lists the app keeps, so restart_member can replace an entry.
+            finished = self._finished = [anyio.Event() for _ in members]
+            self._member_tg = tg
             for member, done in zip(members, finished, strict=True):
                 name = f"streamkit-member-{member.member_id}"
                 tg.start_soon(_run_member, member, done, name=name)
@@ -414,10 +448,10 @@ class StreamKit:
             )
             for member in members:
                 member.force_stop()
+        self._member_tg = None
 
     def _build_members(self, xackdel: bool) -> list[MemberRuntime]:
         settings = self.settings
-        name = f"{socket.gethostname()}/{os.getpid()}"
         # One incarnation per start: the coordinator tells this start's members
         # apart from any other process (or earlier start) using the same ids.
         incarnation = new_incarnation()
@@ -435,32 +469,37 @@ class StreamKit:
                     f"{listener.options.block_ms} must be below STREAMKIT_REDIS_SOCKET_TIMEOUT "
                     f"({settings.redis_socket_timeout:g} s)"
                 )
-            factory = (
-                None
-                if listener.handler is None
-                else functools.partial(self._make_poller, listener, xackdel)
-            )
             for member_id in listener.member_ids(base):
-                members.append(
-                    MemberRuntime(
-                        member_id,
-                        stream_prefix=listener.stream_prefix,
-                        consumer_group=listener.consumer_group,
-                        coordinator=self.coordinator,
-                        redis=self.redis,
-                        poller=factory,
-                        hooks=listener.lifecycle,
-                        lease_ms=settings.assignment_lease_ms,
-                        member_name=name,
-                        incarnation=incarnation,
-                        static=settings.static_membership,
-                        coordinator_url=settings.coordinator_url,
-                        request_timeout_s=settings.coordinator_timeout,
-                        redis_release_after_ms=int(settings.redis_release_after * 1000),
-                        redis_url=redacted_url(settings.redis_url),
-                    )
-                )
+                members.append(self._member(listener, member_id, incarnation, xackdel))
         return members
+
+    def _member(
+        self, listener: Listener, member_id: str, incarnation: str, xackdel: bool
+    ) -> MemberRuntime:
+        settings = self.settings
+        factory = (
+            None
+            if listener.handler is None
+            else functools.partial(self._make_poller, listener, xackdel)
+        )
+        return MemberRuntime(
+            member_id,
+            stream_prefix=listener.stream_prefix,
+            consumer_group=listener.consumer_group,
+            coordinator=self.coordinator,
+            redis=self.redis,
+            poller=factory,
+            hooks=listener.lifecycle,
+            lease_ms=settings.assignment_lease_ms,
+            member_name=f"{socket.gethostname()}/{os.getpid()}",
+            incarnation=incarnation,
+            static=settings.static_membership,
+            coordinator_url=settings.coordinator_url,
+            request_timeout_s=settings.coordinator_timeout,
+            redis_release_after_ms=int(settings.redis_release_after * 1000),
+            redis_url=redacted_url(settings.redis_url),
+            debug_tracer=self._debug_tracer(),
+        )
 
     def _make_poller(
         self, listener: Listener, xackdel: bool, machine: MemberStateMachine
@@ -475,9 +514,14 @@ class StreamKit:
             batch_handler=listener.batch_handler(),
             options=dataclasses.replace(listener.options, policy=policy),
             xackdel=xackdel,
-            observer=self.read_observer,
+            observer=ReadTimer(self.read_observer, self._debug_tracer()),
             middlewares=self.middlewares,
         )
+
+    def _debug_tracer(self) -> trace.Tracer | None:
+        if self.debug_tracer is not None:
+            return self.debug_tracer
+        return debug_tracer(self.settings.trace_debug)
 
     async def _check_redis(self) -> None:
         """Fail at once when Redis does not answer: members that joined now
@@ -600,15 +644,7 @@ async def _unwrapped(work: Awaitable[None]) -> None:
     try:
         await work
     except BaseExceptionGroup as group:
-        for leaf in _leaves(group):
-            if isinstance(leaf, StreamkitError):
-                raise leaf from group
+        leaf = first_leaf(group, StreamkitError)
+        if leaf is not None:
+            raise leaf from group
         raise
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterable[BaseException]:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc

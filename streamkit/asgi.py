@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 
 from streamkit.app import StreamKit
-from streamkit.probes import ready
+from streamkit.observability.probes import ready
 
 __all__ = ["streamkit_lifespan"]
 

@@ -21,11 +21,11 @@ from rich.console import Console
 
 from streamkit.app import StreamKit
 from streamkit.connections import AsyncRedis, connect_redis
-from streamkit.consumer import GroupNotFoundError
+from streamkit.consumer.runtime import GroupNotFoundError
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
-from streamkit.errors import StreamkitError
+from streamkit.errors import StreamkitError, first_leaf
 from streamkit.group_hints import existing_groups_hint
-from streamkit.probes import instrument, parse_address, serve_probes
+from streamkit.observability.probes import instrument, parse_address, serve_probes
 from streamkit.settings import StreamKitSettings
 from streamkit.status import GroupStatus, fetch_status, plain_lines, render
 from streamkit.version import package_version
@@ -187,9 +187,9 @@ async def _serve(app: StreamKit, probe: tuple[str, int] | None = None) -> None:
     except BaseExceptionGroup as group:
         # Report a start-up failure (unknown group, ...) as itself, not as a
         # task group traceback.
-        matched, _ = group.split(StreamkitError)
-        if matched is not None:
-            raise matched.exceptions[0] from None
+        leaf = first_leaf(group, StreamkitError)
+        if leaf is not None:
+            raise leaf from None
         raise
 
 
@@ -336,8 +336,8 @@ def demo(
 ) -> None:
     """Run Redis, a coordinator, consumers and a publisher locally, live."""
     # Imported here: the demo needs the server extra and a source checkout.
-    from streamkit.demo import DemoOptions
-    from streamkit.demo import run as run_demo
+    from streamkit.demo.run import DemoOptions
+    from streamkit.demo.run import run as run_demo
 
     _configure_logging("warning")
     options = DemoOptions(
@@ -384,8 +384,8 @@ def dlq_list(
     """Show dead letters: where they came from, attempts, error, fields."""
     import json
 
-    from streamkit.dead_letter import read_dead_letters
-    from streamkit.failure import dead_letter_key
+    from streamkit.consumer.dead_letter import read_dead_letters
+    from streamkit.consumer.failure import dead_letter_key
 
     key = stream or dead_letter_key(stream_prefix, group)
 
@@ -429,9 +429,9 @@ def dlq_replay(
     current routing (through the coordinator); without, each goes back to its
     original shard stream.  Every group reading the stream sees the replay.
     """
-    from streamkit.dead_letter import read_dead_letters, replay
-    from streamkit.failure import dead_letter_key
-    from streamkit.producer import Publisher
+    from streamkit.consumer.dead_letter import read_dead_letters, replay
+    from streamkit.consumer.failure import dead_letter_key
+    from streamkit.publisher.publisher import Publisher
     from streamkit.settings import StreamKitSettings
 
     if key_field and payload_key:

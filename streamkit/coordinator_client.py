@@ -1,7 +1,7 @@
 """A thin async HTTP client for the coordinator's /coord/v1 API.
 
 It only moves wire models over HTTP; every protocol decision lives in
-``streamkit.member`` (consumers) and ``streamkit.routing_cache`` (producers).
+``streamkit.consumer.member`` (consumers) and ``streamkit.publisher.routing_cache`` (producers).
 
 Credentials: a user and password are traded for a bearer token at
 ``POST /coord/v1/auth/login`` on first use; a configured token is used as is.

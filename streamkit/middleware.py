@@ -22,13 +22,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from streamkit.failure import Action, Decision
+from streamkit.consumer.failure import Action, Decision
 
 if TYPE_CHECKING:
-    from streamkit.message import Message
-    from streamkit.producer import PublishResult
+    from streamkit.consumer.message import Message
+    from streamkit.publisher.publisher import PublishResult
 
 __all__ = [
     "BatchContext",
@@ -143,6 +144,11 @@ PublishManyNext = Callable[[], Awaitable[list["PublishResult"]]]
 class Middleware:
     """Override the methods you need; the others pass through."""
 
+    #: False: the chain leaves this middleware out of the calls it builds from
+    #: now on (tracing while no tracer provider is installed).  Read once per
+    #: call: a plain attribute, or a very cheap property.
+    active: bool = True
+
     async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
         return await call_next()
 
@@ -168,14 +174,37 @@ def chain(
     ctx: C,
     innermost: Callable[[], Awaitable[R]],
 ) -> Awaitable[R]:
-    """Run ``innermost`` wrapped by ``middlewares`` (first = outermost) for ``method``."""
+    """Run ``innermost`` wrapped by ``middlewares`` (first = outermost) for ``method``.
+
+    Runs per entry, so it is kept cheap: the middlewares that override
+    ``method`` are looked up once per list (a pass-through level would cost a
+    coroutine for nothing), inactive ones are left out, and each level's
+    ``call_next`` is a ``functools.partial`` (built in C) rather than a new
+    Python closure.
+    """
     call: Callable[[], Awaitable[R]] = innermost
-    for middleware in reversed(middlewares):
-        bound = getattr(middleware, method)
-
-        def step(bound: Any = bound, inner: Callable[[], Awaitable[R]] = call) -> Awaitable[R]:
-            result: Awaitable[R] = bound(ctx, inner)
-            return result
-
-        call = step
+    for middleware, bound in reversed(_overriding(middlewares, method)):
+        if middleware.active:
+            call = partial(bound, ctx, call)
     return call()
+
+
+_Level = tuple[Middleware, Callable[..., Any]]
+# (middlewares, method) -> (middleware, bound method) of those that override it.
+# Bounded: a process builds few middleware lists (tests build more).
+_CHAINS: dict[tuple[tuple[Middleware, ...], str], tuple[_Level, ...]] = {}
+_CHAINS_MAX = 256
+
+
+def _overriding(middlewares: Sequence[Middleware], method: str) -> tuple[_Level, ...]:
+    key = (middlewares if isinstance(middlewares, tuple) else tuple(middlewares), method)
+    found = _CHAINS.get(key)
+    if found is None:
+        base = getattr(Middleware, method)
+        found = tuple(
+            (m, getattr(m, method)) for m in key[0] if getattr(type(m), method) is not base
+        )
+        if len(_CHAINS) >= _CHAINS_MAX:
+            _CHAINS.clear()
+        _CHAINS[key] = found
+    return found

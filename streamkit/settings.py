@@ -65,6 +65,9 @@ class StreamKitSettings(BaseSettings):
     #: Field in which publishers write the W3C ``traceparent`` of their span
     #: (only while a tracer provider records spans); "" turns it off.
     trace_context_field: str = "traceparent"
+    #: Debug spans: one per heartbeat and one per Redis read of every member
+    #: (needs a tracer provider; many spans, so off by default).
+    trace_debug: bool = False
     #: ``HOST:PORT`` of the probe/metrics HTTP server of ``streamkit run``; None: off.
     http: str | None = None
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamkit.member import MemberStateMachine, ReactionKind
+from streamkit.consumer.member import MemberStateMachine, ReactionKind
 from streamkit.protocol import (
     AssignmentView,
     HeartbeatRequest,

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from streamkit.errors import StreamkitError
+from streamkit.publisher.routing_cache import Route, RoutingCache, RoutingTable, RoutingUnavailable
 from streamkit.routing import shard_for_key
-from streamkit.routing_cache import Route, RoutingCache, RoutingTable, RoutingUnavailable
 
 REFRESH = 10.0
 LEASE = 30.0

@@ -8,10 +8,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from streamkit import Message
-from streamkit.failure import FailurePolicy
+from streamkit.consumer.failure import FailurePolicy
+from streamkit.consumer.lifecycle import monotonic_ms
+from streamkit.routing import shard_for_key
 from streamkit.testing.harness import StreamKitHarness
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "testing-apps.md"
@@ -62,3 +65,58 @@ async def test_the_docs_example_passes(streamkit_harness: StreamKitHarness) -> N
     namespace: dict[str, Any] = {}
     exec(compile(source, str(DOC), "exec"), namespace)
     await namespace["test_negative_amounts_are_dead_lettered"](streamkit_harness)
+
+
+async def test_the_docs_kill_example_passes(streamkit_harness: StreamKitHarness) -> None:
+    (source,) = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    namespace: dict[str, Any] = {}
+    exec(compile(source, str(DOC), "exec"), namespace)
+    await namespace["test_a_killed_member_loses_nothing"](streamkit_harness)
+
+
+@pytest.mark.streamkit(shards=2)
+async def test_kill_and_restart_move_shards_and_redeliver_unacked(
+    streamkit_harness: StreamKitHarness,
+) -> None:
+    harness = streamkit_harness
+    app = harness.app()
+    held: list[tuple[str, str]] = []  # (member, n) of entries the killed member never acked
+    done: list[tuple[str, str]] = []
+    victim: list[str] = []
+
+    @app.stream_listener(stream_prefix=harness.stream_prefix, group=harness.group, concurrency=2)
+    async def handle(msg: Message) -> None:
+        if msg.member_id in victim:
+            held.append((msg.member_id, msg.fields["n"]))
+            await anyio.sleep_forever()  # cancelled by the kill, never acked
+        done.append((msg.member_id, msg.fields["n"]))
+        await msg.ack()
+
+    async with harness.running(app):
+        first, second = app.members
+        victim.append(first.member_id)
+        owned = first.machine.readable(monotonic_ms())
+        shard = min(owned)
+        # A key of the victim's shard: its entry stays unacked when the member dies.
+        key = next(k for k in (f"k{i}" for i in range(100)) if shard_for_key(k, 2) == shard)
+        await harness.publish(key, {"n": "held"})
+        with anyio.fail_after(5):
+            while not held:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        killed = harness.kill_member(app, 0)
+        assert killed is first and killed.crashed
+        await harness.settled(app)
+        await harness.drain()
+        # The survivor got the dead member's shard and the entry it never acked.
+        assert "held" in {n for m, n in done if m == second.member_id}
+        fresh = harness.restart_member(app, killed)
+        assert fresh.member_id != killed.member_id and fresh in app.members
+        with anyio.fail_after(10):
+            # Revoke-before-assign: the survivor gives a shard back to the new member.
+            while not fresh.machine.readable(monotonic_ms()):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        await harness.settled(app)
+        await harness.publish(key, {"n": "after"})
+        await harness.drain()
+    assert [n for _, n in done].count("held") == 1
+    assert "after" in [n for _, n in done]

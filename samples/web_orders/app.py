@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from streamkit import Message, StreamKit
 from streamkit.asgi import streamkit_lifespan
-from streamkit.tracing import TracingMiddleware
+from streamkit.observability.tracing import TracingMiddleware
 
 PREFIX = os.environ.get("WEB_ORDERS_PREFIX", "web-orders")
 GROUP = os.environ.get("WEB_ORDERS_GROUP", "fulfilment")

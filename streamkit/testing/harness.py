@@ -3,9 +3,9 @@
 One harness per test: a fresh stream prefix and group on the session's real
 ``redis-server`` and coordinator.  It builds apps configured for them, runs
 an app in the test's event loop until its members own every shard, publishes,
-waits until everything published was handled and acked (``drain``), and reads
-the dead-letter stream.  The pytest plugin (``streamkit.testing.plugin``)
-provides it as the ``streamkit_harness`` fixture.
+waits until everything published was handled and acked (``drain``), reads
+the dead-letter stream, and kills and restarts members.  The pytest plugin
+(``streamkit.testing.plugin``) provides it as the ``streamkit_harness`` fixture.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import anyio
 import httpx
 
 from streamkit.app import StreamKit
-from streamkit.failure import dead_letter_key
-from streamkit.lifecycle import monotonic_ms
-from streamkit.producer import Publisher, PublishResult
+from streamkit.consumer.failure import dead_letter_key
+from streamkit.consumer.lifecycle import monotonic_ms
+from streamkit.consumer.runtime import MemberRuntime
+from streamkit.publisher.publisher import Publisher, PublishResult
 from streamkit.testing import RedisTarget, redis_client
 from streamkit.testing.coordinator import CoordinatorProcess
 
@@ -91,21 +92,44 @@ class StreamKitHarness:
             tg.start_soon(app.serve)
             self._apps.append(app)
             try:
-                with anyio.fail_after(within):
-                    # Polled: ownership changes inside member state machines,
-                    # which have no event to wait on.
-                    while not self._owns_all(app):  # noqa: ASYNC110
-                        await anyio.sleep(0.01)
+                await self.settled(app, within=within)
                 yield app
             finally:
                 self._apps.remove(app)
                 app.shutdown()
 
+    async def settled(self, app: StreamKit, *, within: float = 10.0) -> None:
+        """Wait until the app's live members own every shard of this test's group
+        (after ``running``, ``kill_member`` or ``restart_member``)."""
+        with anyio.fail_after(within):
+            # Polled: ownership changes inside member state machines, which
+            # have no event to wait on.
+            while not self._owns_all(app):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+
+    def kill_member(self, app: StreamKit, index: int = 0) -> MemberRuntime:
+        """Kill one member of a running app as ``kill -9`` would kill its process:
+        no drain, no acks, no leave.  The coordinator gives its shards to the
+        other members once its member lease runs out (``settled`` waits for
+        that); entries it had not acked are delivered again.  Returns it."""
+        member = self._members(app)[index]
+        member.crash()
+        return member
+
+    def restart_member(self, app: StreamKit, killed: MemberRuntime) -> MemberRuntime:
+        """Start a member in place of a killed one, as a restarted process would
+        (a new member id, unless membership is static).  Returns the new member."""
+        return app.restart_member(killed)
+
+    def _members(self, app: StreamKit) -> list[MemberRuntime]:
+        key = (self.stream_prefix, self.group)
+        return [m for m in app.members if (m.stream_prefix, m.consumer_group) == key]
+
     def _owns_all(self, app: StreamKit) -> bool:
         now = monotonic_ms()
         owned: set[int] = set()
-        for member in app.members:
-            if (member.stream_prefix, member.consumer_group) == (self.stream_prefix, self.group):
+        for member in self._members(app):
+            if not member.crashed:
                 owned |= member.machine.readable(now)
         return len(owned) == self.shards
 

@@ -20,7 +20,7 @@ from typing import TextIO
 
 import anyio
 
-from streamkit.producer import Publisher
+from streamkit.publisher.publisher import Publisher
 from streamkit.settings import StreamKitSettings
 
 log = logging.getLogger("chaos.publisher")

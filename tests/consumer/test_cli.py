@@ -16,7 +16,7 @@ from typing import Any
 import anyio.to_thread
 import pytest
 
-from streamkit.failure import dead_letter_fields, dead_letter_key
+from streamkit.consumer.failure import dead_letter_fields, dead_letter_key
 from streamkit.routing import shard_for_key
 from streamkit.testing import RedisTarget, free_port
 

@@ -10,14 +10,14 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from streamkit import ListenerConfigError, Message, StreamKit
-from streamkit.failure import (
+from streamkit.consumer.failure import (
     Action,
     FailurePolicy,
     PayloadError,
     dead_letter_fields,
     describe_error,
 )
-from streamkit.handlers import inspect_handler
+from streamkit.consumer.handlers import inspect_handler
 
 policies = st.builds(
     FailurePolicy,

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from streamkit import Message, StreamKit
-from streamkit.failure import FailurePolicy, dead_letter_key
+from streamkit.consumer.failure import FailurePolicy, dead_letter_key
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 

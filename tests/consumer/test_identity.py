@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from streamkit.coordinator_client import CoordinatorClient
-from streamkit.producer import Publisher
+from streamkit.publisher.publisher import Publisher
 from streamkit.testing.coordinator import CoordinatorProcess
 
 from .support import (

@@ -7,7 +7,7 @@ them; the machine must not resume reading them (``stopping`` guard).
 
 from __future__ import annotations
 
-from streamkit.member import MemberStateMachine, ReactionKind
+from streamkit.consumer.member import MemberStateMachine, ReactionKind
 from streamkit.protocol import (
     AssignmentView,
     HeartbeatRequest,

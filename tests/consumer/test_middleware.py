@@ -14,8 +14,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
 from streamkit import Message, StreamKit
-from streamkit.failure import FailurePolicy
-from streamkit.metrics import AppCollector, PrometheusMiddleware
+from streamkit.consumer.failure import FailurePolicy
 from streamkit.middleware import (
     BatchContext,
     BatchNext,
@@ -26,10 +25,11 @@ from streamkit.middleware import (
     PublishContext,
     PublishNext,
 )
-from streamkit.producer import PublishResult
+from streamkit.observability.metrics import AppCollector, PrometheusMiddleware
+from streamkit.observability.tracing import TracingMiddleware, parent_context
+from streamkit.publisher.publisher import PublishResult
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
-from streamkit.tracing import TracingMiddleware, parent_context
 
 from .support import Admin, eventually, in_process_settings, serving
 
@@ -107,15 +107,21 @@ async def test_middlewares_wrap_handler_and_policy_in_order(
     assert all(h["via-outer"] == "1" and h["via-inner"] == "1" for h in handled)
 
 
+def recording() -> tuple[InMemorySpanExporter, TracerProvider]:
+    """A private SDK provider that keeps every finished span (the global one is untouched)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter, provider
+
+
 @standalone
 async def test_consumer_span_is_child_of_the_producer_span(
     coordinator: CoordinatorProcess, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 2)
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter, provider = recording()
     tracer = provider.get_tracer("streamkit")
     app = StreamKit(
         **in_process_settings(coordinator, any_redis, "trace"),
@@ -204,6 +210,14 @@ async def test_prometheus_middleware_counts_outcomes_and_publishes(
                 for m in app.members
             )
             assert owned == 2
+            for m in app.members:
+                member = {"member": m.member_id}
+                assert value("streamkit_member_state", **member, state="stable") == 1
+                assert value("streamkit_member_state", **member, state="joining") == 0
+                assert value("streamkit_member_heartbeat_duration_seconds_count", **member) >= 1
+                assert value("streamkit_member_heartbeat_duration_seconds_sum", **member) > 0
+                assert value("streamkit_member_heartbeat_failures_total", **member) == 0
+                assert value("streamkit_consumer_poll_duration_seconds_count", **member) >= 1
     assert value("streamkit_consumer_entries_received_total") == 6
     assert value("streamkit_publish_messages_total") == 6
     assert value("streamkit_publish_duration_seconds_count") == 2
@@ -214,8 +228,8 @@ async def test_prometheus_middleware_counts_outcomes_and_publishes(
 
 
 def test_publish_error_reasons_are_bounded() -> None:
-    from streamkit.metrics import error_reason
-    from streamkit.routing_cache import RoutingUnavailable
+    from streamkit.observability.metrics import error_reason
+    from streamkit.publisher.routing_cache import RoutingUnavailable
 
     assert error_reason(TypeError("x")) == "invalid_fields"
     assert error_reason(ConnectionError()) == "connection"
@@ -258,3 +272,46 @@ async def test_batch_middleware_sees_one_outcome_per_entry(
             )
     outcomes = [o for _, batch in recorder.batches for o in batch]
     assert outcomes == ["acked", "dead_lettered", "acked", "dead_lettered"]
+
+
+@standalone
+async def test_batch_span_links_every_producer_and_debug_spans_cover_heartbeats_and_reads(
+    coordinator: CoordinatorProcess, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
+) -> None:
+    prefix, group = names
+    await admin.create_group(prefix, group, 1)
+    exporter, provider = recording()
+    tracer = provider.get_tracer("streamkit")
+    app = StreamKit(
+        **in_process_settings(coordinator, any_redis, "batchspan"),
+        middlewares=[TracingMiddleware(tracer=tracer)],
+        debug_tracer=provider.get_tracer("streamkit.debug"),
+    )
+    pub = app.publisher(stream_prefix=prefix, group=group)
+    pub.tracer = tracer
+    handled: list[int] = []
+
+    @app.stream_listener(stream_prefix=prefix, group=group, batch_size=10, auto_ack=True)
+    async def handle(msgs: list[Message]) -> None:
+        handled.append(len(msgs))
+
+    with anyio.fail_after(20):
+        await pub.publish("a", {"n": "1"})
+        await pub.publish("b", {"n": "2"})
+        async with serving(app):
+            await eventually(lambda: sum(handled) == 2, 10, "two entries handled")
+            member_id = app.members[0].member_id
+    spans = exporter.get_finished_spans()
+    producers = {s.context.span_id for s in spans if s.kind is SpanKind.PRODUCER}
+    batches = [s for s in spans if s.kind is SpanKind.CONSUMER]
+    assert len(producers) == 2 and len(batches) == len(handled)
+    linked = {link.context.span_id for s in batches for link in s.links}
+    assert linked == producers  # a batch has many parents: links, not a parent
+    assert all(s.parent is None for s in batches)
+    assert sum(s.attributes["messaging.batch.message_count"] for s in batches) == 2  # type: ignore[index,misc]
+    beats = [s for s in spans if s.name == "streamkit heartbeat"]
+    polls = [s for s in spans if s.name == "streamkit poll"]
+    assert beats and all(s.kind is SpanKind.CLIENT for s in beats)
+    assert beats[0].attributes["streamkit.member_id"] == member_id  # type: ignore[index]
+    assert polls and {s.attributes["streamkit.shard_index"] for s in polls} == {0}  # type: ignore[index]
+    assert sum(s.attributes["messaging.batch.message_count"] for s in polls) >= 2  # type: ignore[index,misc]

@@ -11,7 +11,7 @@ import anyio
 import httpx
 import pytest
 
-from streamkit.probes import parse_address
+from streamkit.observability.probes import parse_address
 from streamkit.testing import free_port
 
 from .support import Admin, eventually

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from streamkit import Message, StreamKit
-from streamkit.consumer import AssignmentLeaseError
+from streamkit.consumer.runtime import AssignmentLeaseError
 from streamkit.testing import RedisServer, RedisTarget
 
 from .support import Admin, MemoryRecorder, eventually, in_process_settings, serving

@@ -13,8 +13,8 @@ from dependency_injector.wiring import Provide, inject
 from pydantic import BaseModel
 
 from streamkit import Message, Publisher, StreamKit
+from streamkit.consumer.failure import FailurePolicy, dead_letter_key
 from streamkit.coordinator_client import CoordinatorClient
-from streamkit.failure import FailurePolicy, dead_letter_key
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 

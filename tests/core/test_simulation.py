@@ -41,8 +41,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-import streamkit.member as member_module
-from streamkit.member import MemberStateMachine, ReactionKind, new_incarnation
+import streamkit.consumer.member as member_module
+from streamkit.consumer.member import MemberStateMachine, ReactionKind, new_incarnation
 from streamkit.protocol import (
     HeartbeatRequest,
     HeartbeatResponse,

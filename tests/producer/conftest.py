@@ -23,7 +23,7 @@ import helpers
 import pytest
 from helpers import create_group, metadata_key
 
-from streamkit.producer import Publisher
+from streamkit.publisher.publisher import Publisher
 from streamkit.settings import StreamKitSettings
 from streamkit.testing import AsyncRedisClient, RedisTarget, redis_client
 from streamkit.testing.coordinator import CoordinatorProcess

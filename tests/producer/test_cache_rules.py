@@ -16,8 +16,8 @@ from contextlib import contextmanager
 
 import pytest
 
+from streamkit.publisher.routing_cache import RoutingUnavailable
 from streamkit.routing import shard_for_key
-from streamkit.routing_cache import RoutingUnavailable
 
 from .conftest import Stack, eventually, gather
 

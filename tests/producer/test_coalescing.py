@@ -10,8 +10,8 @@ import anyio
 import anyio.lowlevel
 import redis.exceptions
 
-from streamkit.coalescer import CommandCoalescer
-from streamkit.producer import PublishResult, StaleRouteError
+from streamkit.publisher.coalescer import CommandCoalescer
+from streamkit.publisher.publisher import PublishResult, StaleRouteError
 from streamkit.routing import shard_for_key
 
 from .conftest import Stack, gather

@@ -9,7 +9,12 @@ from typing import Any
 import pydantic
 import pytest
 
-from streamkit.producer import PublishBatchError, PublishResult, StaleRouteError, publish_result
+from streamkit.publisher.publisher import (
+    PublishBatchError,
+    PublishResult,
+    StaleRouteError,
+    publish_result,
+)
 from streamkit.routing import shard_for_key, stream_key
 
 from .conftest import Stack

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamkit.producer import StaleRouteError
+from streamkit.publisher.publisher import StaleRouteError
 from streamkit.routing import shard_for_key
 
 from .conftest import Stack, gather

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from streamkit.coordinator_client import CoordinatorClient
-from streamkit.producer import (
+from streamkit.publisher.publisher import (
     CoordinatorUnreachableError,
     PublisherClosedError,
     PublisherStartupError,
     ShardStreamsMissing,
     UnknownGroupError,
 )
-from streamkit.routing_cache import RoutingUnavailable
+from streamkit.publisher.routing_cache import RoutingUnavailable
 from streamkit.testing import redis_client
 
 from .conftest import Stack, gather

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from streamkit.producer import Publisher, StaleRouteError
+from streamkit.publisher.publisher import Publisher, StaleRouteError
 from streamkit.routing import shard_for_key
 
 from .conftest import Stack

@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import anyio
 
-from streamkit.producer import PublishResult
+from streamkit.publisher.publisher import PublishResult
 from streamkit.routing import shard_for_key
 
 from .conftest import Stack

@@ -21,8 +21,8 @@ from consumer.support import overlapping_processing
 from helpers import AppProcess
 
 from streamkit import Message, StreamKit
-from streamkit.failure import FailurePolicy
-from streamkit.routing_cache import RoutingUnavailable
+from streamkit.consumer.failure import FailurePolicy
+from streamkit.publisher.routing_cache import RoutingUnavailable
 from streamkit.testing import AsyncRedisClient, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 

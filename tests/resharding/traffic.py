@@ -18,8 +18,8 @@ import anyio
 from consumer.support import ReadInterval
 
 from streamkit import Message, StreamKit
-from streamkit.producer import Publisher, PublishResult
-from streamkit.routing_cache import RoutingUnavailable
+from streamkit.publisher.publisher import Publisher, PublishResult
+from streamkit.publisher.routing_cache import RoutingUnavailable
 from streamkit.settings import StreamKitSettings
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess

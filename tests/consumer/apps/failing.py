@@ -14,7 +14,7 @@ import os
 import anyio
 
 from streamkit import Message, StreamKit
-from streamkit.failure import FailurePolicy
+from streamkit.consumer.failure import FailurePolicy
 
 record = open(os.environ["SKT_RECORD"], "a", buffering=1)
 healed = os.environ.get("SKT_HEALED")

@@ -17,7 +17,7 @@ import time
 import anyio
 
 from streamkit import Message, StreamKit
-from streamkit.lifecycle import ShardContext
+from streamkit.consumer.lifecycle import ShardContext
 
 PID = os.getpid()
 

@@ -48,15 +48,15 @@ import redis.exceptions
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from streamkit.coalescer import CommandCoalescer
 from streamkit.connections import AsyncRedis, connect_redis
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
 from streamkit.errors import StreamkitError
 from streamkit.group_hints import existing_groups_hint
 from streamkit.middleware import Middleware, PublishContext, PublishManyContext, chain
+from streamkit.publisher.coalescer import CommandCoalescer
+from streamkit.publisher.refresher import RefreshFlight, RoutingRefresher
+from streamkit.publisher.routing_cache import RoutingCache, RoutingTable, RoutingUnavailable
 from streamkit.routing import shard_for_key
-from streamkit.routing_cache import RoutingCache, RoutingTable, RoutingUnavailable
-from streamkit.routing_refresher import RefreshFlight, RoutingRefresher
 from streamkit.settings import StreamKitSettings
 
 __all__ = [
@@ -695,7 +695,7 @@ class Publisher:
                 return  # backing off after a failure; the lease decides what happens
             self._refresher.schedule()
         table = cache.table
-        if table is None or cache.stale or now >= table.fetched_at + cache.lease - self._margin:
+        if table is None or cache.stale or now >= cache.lease_ends_at - self._margin:
             await self._refresher.refresh()  # joins the flight just scheduled
 
     def _next_check(self, now: float) -> float:
@@ -704,7 +704,7 @@ class Publisher:
         table = cache.table
         if table is None or cache.stale or table.shard_count == 0:
             return -math.inf
-        wait_from = table.fetched_at + cache.lease - self._margin
+        wait_from = cache.lease_ends_at - self._margin
         if self._refresher.in_flight:
             return wait_from  # its completion resets _fast_until anyway
         return min(now + cache.refresh_deadline(now), wait_from)

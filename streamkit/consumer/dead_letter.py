@@ -1,7 +1,7 @@
 """Reading and replaying a dead-letter stream (``streamkit dlq list|replay``).
 
 A dead letter is the original entry's fields plus ``x-*`` metadata (see
-``streamkit.failure``).  Replaying publishes the original fields again:
+``streamkit.consumer.failure``).  Replaying publishes the original fields again:
 
 * with a partition key (``key_field``: an entry field, or ``payload_key``: a
   top-level key of the JSON ``payload`` field) through a ``Publisher``, so the
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamkit.connections import AsyncRedis
-from streamkit.failure import (
+from streamkit.consumer.failure import (
     DEAD_LETTER_FIELDS,
     X_ATTEMPTS,
     X_ERROR,
@@ -32,7 +32,7 @@ from streamkit.failure import (
     X_ORIGINAL_ID,
     X_ORIGINAL_STREAM,
 )
-from streamkit.producer import PAYLOAD_FIELD, PublishResult
+from streamkit.publisher.publisher import PAYLOAD_FIELD, PublishResult
 
 __all__ = ["DeadLetter", "ReplayOutcome", "read_dead_letters", "replay"]
 

@@ -58,12 +58,13 @@ import redis.asyncio as redis_asyncio
 from anyio.abc import TaskGroup, TaskStatus
 from redis.exceptions import RedisError, ResponseError
 
+from streamkit.backoff import jittered_backoff
 from streamkit.connections import AsyncRedis, redis_address
-from streamkit.failure import Action, Decision, FailurePolicy, dead_letter_fields
-from streamkit.handlers import BatchHandler, Handler
-from streamkit.lifecycle import monotonic_ms
-from streamkit.member import MemberStateMachine
-from streamkit.message import Message, Settlement
+from streamkit.consumer.failure import Action, Decision, FailurePolicy, dead_letter_fields
+from streamkit.consumer.handlers import BatchHandler, Handler
+from streamkit.consumer.lifecycle import monotonic_ms
+from streamkit.consumer.member import MemberStateMachine
+from streamkit.consumer.message import Message, Settlement
 from streamkit.middleware import BatchContext, ConsumeContext, ConsumeResult, Middleware, chain
 from streamkit.protocol import RuntimeConsumerCapacity, ShardConsumptionProgress, ShardId
 from streamkit.redis_health import RedisReachability, describe_error, is_unreachable_error
@@ -1073,8 +1074,7 @@ def _next_step(decision: Decision) -> str:
 
 
 def _backoff_s(failures: int) -> float:
-    ceiling = min(_BACKOFF_MAX_S, _BACKOFF_MIN_S * 2.0 ** min(failures - 1, 16))
-    return ceiling / 2 + random.uniform(0, ceiling / 2)
+    return jittered_backoff(failures, _BACKOFF_MIN_S, _BACKOFF_MAX_S, random.random())
 
 
 # --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The I/O loop around :class:`~streamkit.routing_cache.RoutingCache`.
+"""The I/O loop around :class:`~streamkit.publisher.routing_cache.RoutingCache`.
 
 A :class:`RoutingRefresher` fetches producer routing from the coordinator and
 feeds the answers (or failures) to the cache. Refreshes are *single-flight*: at
@@ -30,7 +30,7 @@ import httpx
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorUnavailable
 from streamkit.errors import StreamkitError
 from streamkit.protocol import ProducerRoutingResponse
-from streamkit.routing_cache import RoutingCache, RoutingTable
+from streamkit.publisher.routing_cache import RoutingCache, RoutingTable
 
 __all__ = ["RefreshFlight", "RefresherClosed", "RoutingRefresher"]
 

@@ -61,6 +61,14 @@ class ReactionKind(StrEnum):
     REJECTED = "rejected"  # the coordinator refused the request (bad protocol or body)
 
 
+class MemberState(StrEnum):
+    JOINING = "joining"  # no epoch yet (first join, or rejoining after a fence)
+    STABLE = "stable"  # joined, nothing being given back
+    RECONCILING = "reconciling"  # joined, draining or reporting revoked shards
+    STOPPING = "stopping"  # shutting down: draining, then leaving
+    LEFT = "left"
+
+
 @dataclass(frozen=True, slots=True)
 class Reaction:
     kind: ReactionKind
@@ -113,9 +121,7 @@ class MemberStateMachine:
 
     def readable(self, now_ms: int) -> frozenset[int]:
         """Shards that may be read right now."""
-        if self.lease_until_ms is None or now_ms >= self.lease_until_ms:
-            return frozenset()
-        return frozenset(self.reading)
+        return frozenset(self.reading) if self.lease_valid(now_ms) else frozenset()
 
     def may_read(self, shard: int, now_ms: int) -> bool:
         return shard in self.reading and self.lease_valid(now_ms)
@@ -132,6 +138,19 @@ class MemberStateMachine:
     @property
     def joined(self) -> bool:
         return self.epoch > 0
+
+    @property
+    def state(self) -> MemberState:
+        """Where the member stands, for metrics and status (one of ``MemberState``)."""
+        if self.left:
+            return MemberState.LEFT
+        if self.stopping:
+            return MemberState.STOPPING
+        if not self.joined:
+            return MemberState.JOINING
+        if self.draining or self.revoked:
+            return MemberState.RECONCILING
+        return MemberState.STABLE
 
     # -- requests ------------------------------------------------------------
 

@@ -34,9 +34,9 @@ from rich.table import Table
 from streamkit.connections import AsyncRedis, connect_redis
 from streamkit.coordinator_client import CoordinatorClient
 from streamkit.errors import StreamkitError
-from streamkit.producer import Publisher, PublishError
 from streamkit.protocol import API_PREFIX
-from streamkit.routing_cache import RoutingUnavailable
+from streamkit.publisher.publisher import Publisher, PublishError
+from streamkit.publisher.routing_cache import RoutingUnavailable
 from streamkit.settings import StreamKitSettings
 from streamkit.status import GroupStatus, fetch_status, headline, render
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -99,7 +99,7 @@ class _State:
 
 def repo_root() -> Path:
     """The checkout holding ``samples/`` (the demo runs the sample app)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     if not (root / "samples" / "orders" / "app.py").exists():
         raise SystemExit(
             "streamkit demo runs samples/orders from a source checkout; "

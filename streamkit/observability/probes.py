@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 from anyio.abc import SocketStream, TaskStatus
 
-from streamkit.lifecycle import monotonic_ms
+from streamkit.consumer.lifecycle import monotonic_ms
 
 if TYPE_CHECKING:
     from streamkit.app import StreamKit
@@ -55,7 +55,7 @@ def instrument(app: StreamKit, registry: Any = None) -> Any:
     """Add Prometheus metrics to ``app`` (unless it has them); returns the registry."""
     from prometheus_client import REGISTRY
 
-    from streamkit.metrics import AppCollector, PrometheusMiddleware
+    from streamkit.observability.metrics import AppCollector, PrometheusMiddleware
 
     registry = REGISTRY if registry is None else registry
     if not any(isinstance(m, PrometheusMiddleware) for m in app.middlewares):

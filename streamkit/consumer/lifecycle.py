@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 from streamkit.connections import AsyncRedis
-from streamkit.member import MemberStateMachine
+from streamkit.consumer.member import MemberStateMachine
 from streamkit.routing import stream_key
 
 __all__ = ["ShardContext", "ShardLifecycle", "monotonic_ms"]

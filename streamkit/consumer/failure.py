@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from streamkit.backoff import jittered_backoff
 from streamkit.errors import StreamkitError
 
 if TYPE_CHECKING:
@@ -137,11 +138,15 @@ class FailurePolicy:
 
     def backoff_ms(self, attempt: int, rand: float) -> int:
         """Delay after failed attempt ``attempt`` (1-based); ``rand`` in [0, 1)."""
-        exponent = min(max(attempt - 1, 0), 64)
-        ceiling = min(
-            float(self.backoff_max_ms), self.backoff_initial_ms * self.backoff_multiplier**exponent
+        delay = jittered_backoff(
+            attempt,
+            self.backoff_initial_ms,
+            self.backoff_max_ms,
+            rand,
+            multiplier=self.backoff_multiplier,
+            jitter=self.jitter,
         )
-        return int(ceiling * (1 - self.jitter * rand))
+        return int(delay)
 
     def decide(
         self,

@@ -176,8 +176,15 @@ class RoutingCache:
     def stale(self) -> bool:
         return self._stale
 
+    @property
+    def lease_ends_at(self) -> float:
+        """When the current table stops routing (-inf without one): the one
+        place the routing lease is added up."""
+        table = self._table
+        return -math.inf if table is None else table.fetched_at + self.lease
+
     def lease_valid(self, now: float) -> bool:
-        return self._table is not None and now < self._table.fetched_at + self.lease
+        return now < self.lease_ends_at
 
     def age(self, now: float) -> float | None:
         """Seconds since the current table was confirmed; None without a table."""
@@ -263,7 +270,7 @@ class RoutingCache:
         label = f" for {self.name}" if self.name else ""
         if table is None:
             raise RoutingUnavailable(f"no producer routing metadata{label} yet", reason="no_table")
-        if now >= table.fetched_at + self.lease:
+        if now >= self.lease_ends_at:
             raise RoutingUnavailable(
                 f"producer routing lease{label} expired {now - table.fetched_at:.3f}s after "
                 f"the last successful refresh (version {table.metadata_version}); "

@@ -23,8 +23,8 @@ from typing import Any
 import anyio.to_thread
 import pydantic
 
-from streamkit.failure import PayloadError
-from streamkit.message import Message
+from streamkit.consumer.failure import PayloadError
+from streamkit.consumer.message import Message
 
 __all__ = ["BatchHandler", "Handler", "HandlerShape", "decode_payload", "inspect_handler"]
 

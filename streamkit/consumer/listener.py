@@ -11,9 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from streamkit.errors import StreamkitError
-from streamkit.failure import FailurePolicy
-from streamkit.handlers import (
+from streamkit.consumer.failure import FailurePolicy
+from streamkit.consumer.handlers import (
     BatchHandler,
     Handler,
     HandlerShape,
@@ -22,13 +21,14 @@ from streamkit.handlers import (
     adapt_single,
     inspect_handler,
 )
-from streamkit.lifecycle import ShardLifecycle
-from streamkit.poller import PollerOptions
+from streamkit.consumer.lifecycle import ShardLifecycle
+from streamkit.consumer.poller import PollerOptions
+from streamkit.errors import StreamkitError
 
 __all__ = ["Listener", "ListenerConfigError", "MessageHandler"]
 
 #: A handler: ``async def f(msg)`` or a plain ``def f(msg)`` (run in a worker thread);
-#: see ``streamkit.handlers`` for typed and batch signatures.
+#: see ``streamkit.consumer.handlers`` for typed and batch signatures.
 MessageHandler = Callable[..., Any]
 
 # Same rules as the coordinator's: braces would change the cluster hash tag,

@@ -1,6 +1,6 @@
 """The member runtime: one coordinator member's heartbeat loop and its reactions.
 
-``MemberStateMachine`` (``streamkit.member``) makes every protocol decision;
+``MemberStateMachine`` (``streamkit.consumer.member``) makes every protocol decision;
 this module only does the I/O around it:
 
 * heartbeat every ``heartbeatIntervalMs`` (from the last answer), calling
@@ -20,23 +20,28 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError
 
+from streamkit.backoff import jittered_backoff
 from streamkit.connections import AsyncRedis
+from streamkit.consumer.lifecycle import ShardContext, ShardLifecycle, monotonic_ms
+from streamkit.consumer.member import MemberStateMachine, Reaction, ReactionKind
+from streamkit.consumer.poller import ShardPoller
+from streamkit.consumer.stats import Timing, end_span
 from streamkit.coordinator_client import (
     CoordinatorClient,
     CoordinatorError,
     CoordinatorUnavailable,
 )
 from streamkit.errors import StreamkitError
-from streamkit.lifecycle import ShardContext, ShardLifecycle, monotonic_ms
-from streamkit.member import MemberStateMachine, Reaction, ReactionKind
-from streamkit.poller import ShardPoller
 from streamkit.protocol import HeartbeatAnswer, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus
 from streamkit.redis_health import describe_error
 
@@ -110,6 +115,7 @@ class MemberRuntime:
         request_timeout_s: float = 5.0,
         redis_release_after_ms: int | None = None,
         redis_url: str = "",
+        debug_tracer: trace.Tracer | None = None,
     ) -> None:
         self.machine = MemberStateMachine(
             member_id,
@@ -148,6 +154,11 @@ class MemberRuntime:
         self._ops: dict[anyio.CancelScope, frozenset[int]] = {}
         #: Set once the coordinator answered a join (tests, readiness probes).
         self.joined = anyio.Event()
+        #: Answered heartbeats with their round-trip time, and failed ones (metrics).
+        self.heartbeats = Timing()
+        #: Set by ``crash()``.
+        self.crashed = False
+        self._debug_tracer = debug_tracer
 
     @property
     def member_id(self) -> str:
@@ -172,6 +183,22 @@ class MemberRuntime:
         if self.poller is not None:
             self.poller.close()
         self._wake.set()
+
+    def crash(self) -> None:
+        """Stop as a killed process would (tests): no drain, no acks, no leave.
+
+        Handlers and hooks are cancelled and unsent acks dropped; the
+        coordinator hands the shards over once the member lease runs out, and
+        their unacked entries are delivered again to the next owner.
+        """
+        self.crashed = True
+        for scope in list(self._ops):
+            scope.cancel()
+        if self.poller is not None:
+            self.poller.abort_all()
+            self.poller.close()
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
 
     def _start_user_task(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         if self._tg is None:
@@ -257,8 +284,28 @@ class MemberRuntime:
             await self._sleep(delay_ms)
 
     async def _send(self, request: HeartbeatRequest, timeout_ms: int) -> HeartbeatResponse:
-        with anyio.fail_after(timeout_ms / 1000):
-            return await self._client.heartbeat(self.stream_prefix, self.consumer_group, request)
+        span = None
+        if self._debug_tracer is not None:
+            span = self._debug_tracer.start_span("streamkit heartbeat", kind=SpanKind.CLIENT)
+            if span.is_recording():
+                span.set_attribute("streamkit.member_id", self.member_id)
+                span.set_attribute("streamkit.epoch", request.member_epoch)
+        started = time.perf_counter()
+        try:
+            with anyio.fail_after(timeout_ms / 1000):
+                response = await self._client.heartbeat(
+                    self.stream_prefix, self.consumer_group, request
+                )
+        except Exception as exc:  # not cancellation: a stop is no failed heartbeat
+            self.heartbeats.failures += 1
+            end_span(span, exc)
+            raise
+        except BaseException:
+            end_span(span, None)
+            raise
+        self.heartbeats.add(time.perf_counter() - started)
+        end_span(span, None)
+        return response
 
     async def _on_response(self, response: HeartbeatResponse) -> int:
         """Apply an answer; returns how long to wait before the next heartbeat."""
@@ -559,11 +606,10 @@ class MemberRuntime:
     def _retry_delay_ms(self, failures: int) -> int:
         interval = self.machine.heartbeat_interval_ms
         cap = max(interval, min(_RETRY_CAP_MS, 10 * interval))
-        backoff = min(cap, _RETRY_BASE_MS * 2 ** min(failures - 1, 16))
         if self.machine.lease_valid(monotonic_ms()):
             # Keep the lease alive: at least one attempt per interval.
-            backoff = min(backoff, interval)
-        return int(backoff / 2 + random.uniform(0, backoff / 2))
+            cap = min(cap, interval)
+        return int(jittered_backoff(failures, _RETRY_BASE_MS, cap, random.random()))
 
     async def _sleep(self, delay_ms: int) -> None:
         if delay_ms > 0 and not self._wake.is_set():

@@ -1,0 +1,174 @@
+"""OpenTelemetry consumer spans, as a middleware (API only: no SDK needed).
+
+Publishers write the W3C ``traceparent`` of their producer span into the
+entry (field ``traceparent`` by default: ``STREAMKIT_TRACE_CONTEXT_FIELD``).
+:class:`TracingMiddleware` starts one ``CONSUMER`` span per handled entry
+whose parent is that producer span, so a trace runs from the publish call
+through the handler (and whatever the handler calls).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Final
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
+
+from streamkit.middleware import (
+    BatchContext,
+    BatchNext,
+    ConsumeContext,
+    ConsumeNext,
+    ConsumeResult,
+    Middleware,
+)
+
+__all__ = ["TracingMiddleware", "parent_context"]
+
+_NO_PROVIDER: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+_RECHECK_S: Final = 1.0
+_TRACEPARENT: Final = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+
+def parent_context(value: bytes | str | None) -> Context | None:
+    """The remote span named by a ``traceparent`` value; None if absent or malformed."""
+    span_context = _remote_span_context(value)
+    if span_context is None:
+        return None
+    return trace.set_span_in_context(NonRecordingSpan(span_context))
+
+
+def _remote_span_context(value: bytes | str | None) -> SpanContext | None:
+    if value is None:
+        return None
+    text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+    match = _TRACEPARENT.match(text.strip())
+    if match is None:
+        return None
+    trace_id, span_id = int(match.group(1), 16), int(match.group(2), 16)
+    if trace_id == 0 or span_id == 0:
+        return None
+    return SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(int(match.group(3), 16))
+    )
+
+
+class TracingMiddleware(Middleware):
+    """A ``CONSUMER`` span per entry, child of the publisher's span.
+
+    ``field`` is the entry field read for the ``traceparent`` (None: do not
+    link).  ``tracer`` defaults to ``trace.get_tracer("streamkit")``.
+    """
+
+    def __init__(
+        self, *, tracer: trace.Tracer | None = None, field: str | None = "traceparent"
+    ) -> None:
+        # The default is a proxy: a provider installed later is still used.
+        self.tracer = tracer or trace.get_tracer("streamkit")
+        self._explicit = tracer is not None
+        self._field = field.encode() if field else None
+        self._active = self._explicit
+        self._recheck_at = -math.inf
+
+    @property
+    def active(self) -> bool:  # type: ignore[override]
+        """Inactive while no tracer provider is installed: the chain skips it."""
+        return self._tracing()
+
+    def _tracing(self) -> bool:
+        """Whether spans are worth starting: a tracer was given, or a provider is installed.
+
+        Without an SDK a no-op span would still cost a context switch per
+        entry.  ``get_tracer_provider()`` reads the environment while none is
+        installed (about 1 us), so the answer is kept for a second: a provider
+        installed later is used from the next check on.
+        """
+        if self._explicit:
+            return True
+        now = time.monotonic()
+        if now >= self._recheck_at:
+            self._active = not isinstance(trace.get_tracer_provider(), _NO_PROVIDER)
+            self._recheck_at = now + _RECHECK_S
+        return self._active
+
+    async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
+        if not self._tracing():
+            return await call_next()
+        message = ctx.message
+        parent = None
+        if self._field is not None:
+            parent = parent_context(message.raw_fields.get(self._field))
+        # Attributes given at the start: an SDK span takes its lock once for
+        # them, instead of once per set_attribute call.  start_span and a
+        # context token rather than start_as_current_span: that one stacks
+        # three generator context managers per entry.
+        span = self.tracer.start_span(
+            f"process {ctx.stream_prefix}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "redis",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": message.stream_key,
+                "messaging.consumer.group.name": ctx.consumer_group,
+                "messaging.message.id": message.id,
+                "streamkit.shard_index": message.shard,
+                "streamkit.member_id": ctx.member_id,
+                "streamkit.delivery_count": message.delivery_count,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            result = await call_next()
+            if span.is_recording():
+                span.set_attribute("streamkit.outcome", result.outcome.value)
+                if result.error is not None:
+                    span.record_exception(result.error)
+                if result.decision is not None:
+                    span.set_status(Status(StatusCode.ERROR, result.decision.error))
+            return result
+        finally:
+            otel_context.detach(token)
+            span.end()
+
+    async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:
+        if not self._tracing():
+            return await call_next()
+        links: list[Link] = []
+        if self._field is not None:
+            for message in ctx.messages:
+                parent = _remote_span_context(message.raw_fields.get(self._field))
+                if parent is not None:
+                    links.append(Link(parent))
+        with self.tracer.start_as_current_span(
+            f"process {ctx.stream_prefix}",
+            kind=SpanKind.CONSUMER,
+            links=links,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            if span.is_recording():
+                span.set_attribute("messaging.system", "redis")
+                span.set_attribute("messaging.operation.type", "process")
+                span.set_attribute("messaging.destination.name", ctx.messages[0].stream_key)
+                span.set_attribute("messaging.consumer.group.name", ctx.consumer_group)
+                span.set_attribute("messaging.batch.message_count", len(ctx.messages))
+                span.set_attribute("streamkit.shard_index", ctx.shard)
+                span.set_attribute("streamkit.member_id", ctx.member_id)
+            results = await call_next()
+            if span.is_recording():
+                decisions = [(r.decision, r.error) for r in results if r.decision is not None]
+                if decisions:
+                    decision, error = decisions[0]
+                    span.set_attribute("streamkit.failed_count", len(decisions))
+                    if error is not None:
+                        span.record_exception(error)
+                    span.set_status(Status(StatusCode.ERROR, decision.error))
+            return results
