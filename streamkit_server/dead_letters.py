@@ -1,9 +1,9 @@
 """A consumer group's dead letters, listed and replayed by the coordinator.
 
-Consumers write dead letters (``streamkit.failure``); the coordinator only
+Consumers write dead letters (``streamkit.consumer.failure``); the coordinator only
 reads the group's default dead-letter stream (``{prefix}:dlq:{group}``) and
 replays one entry on an operator's request, with the library's own replay
-(``streamkit.dead_letter``), so the console and ``streamkit dlq replay`` do
+(``streamkit.consumer.dead_letter``), so the console and ``streamkit dlq replay`` do
 the same thing:
 
 * with a partition key (``keyField`` or ``payloadKey``), the entry is routed
@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from streamkit.dead_letter import DeadLetter, read_dead_letters, replay
-from streamkit.failure import X_ORIGINAL_STREAM, dead_letter_key
-from streamkit.producer import PublishResult
+from streamkit.consumer.dead_letter import DeadLetter, read_dead_letters, replay
+from streamkit.consumer.failure import X_ORIGINAL_STREAM, dead_letter_key
+from streamkit.publisher.publisher import PublishResult
 from streamkit.routing import shard_for_key, stream_key
 from streamkit_server.core import GroupMetadata
 from streamkit_server.errors import CoordinatorError

@@ -32,7 +32,7 @@ Design (SPEC §5):
   flush).  ``XACKDEL`` / ``MULTI XACK+XDEL`` and dead letters keep their own
   round trip.
 * A failed entry goes through the listener's ``FailurePolicy``
-  (``streamkit.failure`` decides, this module does the Redis side).  Attempts
+  (``streamkit.consumer.failure`` decides, this module does the Redis side).  Attempts
   are Redis' delivery counter: a retry is an ``XCLAIM`` to ourselves, which
   adds exactly one, and entries claimed from a previous owner get their count
   from ``XPENDING``, so the count survives a handoff.  Ordered shards retry in

@@ -12,7 +12,7 @@ routes are retried too, re-routed with fresh metadata; a key whose shard count
 changed in between may land in another shard than its first copy. Consumers
 must be idempotent (SPEC §5), which they have to be anyway.
 
-Routing freshness (who refreshes when; rules in ``streamkit.routing_cache``):
+Routing freshness (who refreshes when; rules in ``streamkit.publisher.routing_cache``):
 
 * the first use (``start()``, or the first publish) fetches routing and checks
   that every shard stream exists, failing fast with a clear error otherwise;
@@ -24,7 +24,7 @@ Routing freshness (who refreshes when; rules in ``streamkit.routing_cache``):
   once and re-routes; if the coordinator still routes to the missing key the
   publish fails with :class:`StaleRouteError`;
 * after the lease has expired without a successful refresh every publish fails
-  with :class:`~streamkit.routing_cache.RoutingUnavailable` (fail closed).
+  with :class:`~streamkit.publisher.routing_cache.RoutingUnavailable` (fail closed).
 
 An idle publisher sends nothing; its next publish after the lease has run out
 waits for one refresh first.
@@ -254,7 +254,7 @@ class Publisher:
     routing cache; tests inject a controllable one.
 
     Concurrent :meth:`publish` calls are sent as one pipeline
-    (``streamkit.coalescer``; ``coalesce=False`` turns that off): a lone call
+    (``streamkit.publisher.coalescer``; ``coalesce=False`` turns that off): a lone call
     goes out at once, calls made while one is in the air wait one event-loop
     turn (or ``coalesce_window`` seconds) for others to join. Each call gets
     its own result and its own error.
@@ -322,7 +322,7 @@ class Publisher:
             clock=clock,
             on_finished=self._refresh_finished,
         )
-        # Concurrent publish() calls share one pipeline (streamkit.coalescer);
+        # Concurrent publish() calls share one pipeline (streamkit.publisher.coalescer);
         # off, each call is its own round trip.
         self._coalescer: CommandCoalescer | None = (
             CommandCoalescer(

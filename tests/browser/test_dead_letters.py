@@ -23,7 +23,7 @@ import redis
 from consumer.support import AppProcess, app_env
 from playwright.sync_api import expect
 
-from streamkit.failure import dead_letter_key
+from streamkit.consumer.failure import dead_letter_key
 from streamkit.routing import shard_for_key
 from streamkit.testing import RedisServer, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess

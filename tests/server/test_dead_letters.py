@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from streamkit.failure import dead_letter_fields, dead_letter_key
+from streamkit.consumer.failure import dead_letter_fields, dead_letter_key
 from streamkit.routing import shard_for_key
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
