@@ -20,15 +20,28 @@ _LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
 class Pipe:
     """One keep-alive HTTP/1.1 connection that sends requests in pipelined batches."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+    def __init__(
+        self, url: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.url, self.reader, self.writer = url, reader, writer
 
     @classmethod
     async def open(cls, url: str) -> Pipe:
         host, port = url.removeprefix("http://").split(":")
-        return cls(*await asyncio.open_connection(host, int(port)))
+        return cls(url, *await asyncio.open_connection(host, int(port)))
 
     async def exchange(self, requests: list[bytes]) -> list[tuple[int, bytes]]:
+        """Answers in order; once more on a new connection if the server closed this one
+        (uvicorn closes connections idle for 5 s: a client waiting for the others)."""
+        try:
+            return await self._exchange(requests)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.close()
+            fresh = await Pipe.open(self.url)
+            self.reader, self.writer = fresh.reader, fresh.writer
+            return await self._exchange(requests)
+
+    async def _exchange(self, requests: list[bytes]) -> list[tuple[int, bytes]]:
         self.writer.write(b"".join(requests))
         answers = []
         for _ in requests:
