@@ -54,6 +54,7 @@ from pydantic_core import CoreSchema
 
 __all__ = [
     "API_PREFIX",
+    "HEALTH_EXTENSIONS",
     "PROTOCOL_VERSION",
     "SUPPORTED_PROTOCOL_VERSIONS",
     "AssignmentView",
@@ -690,6 +691,22 @@ class HealthResponse(WireModel):
     schema_version: int | None = None
     layout_version: int | None = None
     unreadable_groups: list[str] | None = None
+
+    def to_wire(self, *, exclude_none: bool = False) -> dict[str, Any]:
+        wire = super().to_wire(exclude_none=exclude_none)
+        # Extensions are left out rather than sent as null: an answer without
+        # them reads exactly like the reference's four fields.
+        for name in HEALTH_EXTENSIONS:
+            if name in wire and wire[name] is None:
+                del wire[name]
+        return wire
+
+
+#: streamkit's fields of ``HealthResponse`` beside the contract's four.
+HEALTH_EXTENSIONS: Final = frozenset(
+    {"reasons", "terminating", "tickLagSeconds", "tickIntervalSeconds", "schemaVersion",
+     "layoutVersion", "unreadableGroups"}
+)  # fmt: skip
 
 
 class ErrorResponse(WireModel):

@@ -65,7 +65,10 @@ _CLASS_NAME_OVERRIDES = {"MemberMetadata": "MemberView"}
 _EXTRA_REQUIRED = {"ShardId": {"shardIndex"}}
 # Optional fields streamkit adds to a contract schema (the reference ignores
 # unknown fields): see docs/consumer.md "Member ids".
-_EXTENSIONS = {"HeartbeatRequest": {"incarnation"}}
+_EXTENSIONS = {
+    "HeartbeatRequest": {"incarnation"},
+    "HealthResponse": set(protocol.HEALTH_EXTENSIONS),
+}
 
 # Inline response schemas of the contract, keyed by operationId.
 _INLINE_WRAPPERS = {

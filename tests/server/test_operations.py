@@ -158,8 +158,16 @@ async def test_health_names_its_reasons_and_needs_read(
     async with httpx.AsyncClient(base_url=coord.url, timeout=10) as http:
         assert (await http.get(path)).status_code == 401
         assert (await http.get(path, auth=WRITER)).status_code == 403
-        healthy = (await http.get(path, auth=READER)).json()
-        assert healthy["status"] == "UP" and healthy["reasons"] == [], healthy
+        answers: list[dict[str, Any]] = []
+
+        async def up() -> bool:
+            answers.append((await http.get(path, auth=READER)).json())
+            return bool(answers[-1]["status"] == "UP")
+
+        # Polled: on a loaded machine one PING may take over 250 ms (DEGRADED).
+        await eventually(up, 10, "health UP", details=lambda: str(answers[-3:]))
+        healthy = answers[-1]
+        assert healthy["reasons"] == [], healthy
         assert healthy["redis"].startswith("UP (") and healthy["loop"] == "UP"
         assert healthy["layoutVersion"] == LAYOUT_VERSION
         assert healthy["schemaVersion"] == SCHEMA_VERSION
@@ -173,19 +181,16 @@ async def test_health_names_its_reasons_and_needs_read(
 
         async def degraded() -> bool:
             seen.append((await http.get(path, auth=READER)).json())
-            return bool(seen[-1]["status"] == "DEGRADED")
+            return seen[-1]["status"] == "DEGRADED" and "future/g" in seen[-1]["unreadableGroups"]
 
         await eventually(degraded, 10, "health DEGRADED by the unreadable group")
         body = seen[-1]
         assert body["unreadableGroups"] == ["future/g"]
-        assert "future/g" in body["reasons"][0], body
+        assert any("future/g" in reason for reason in body["reasons"]), body
         await r.delete(metadata_key("future", "g"))
         await r.srem(f"{KEY_PREFIX}:groups", "future\0g")
-
-        async def up() -> bool:
-            return bool((await http.get(path, auth=READER)).json()["status"] == "UP")
-
-        await eventually(up, 10, "health UP again")
+        await eventually(up, 10, "health UP again", details=lambda: str(answers[-3:]))
+        assert answers[-1]["unreadableGroups"] == []
 
 
 # -- metrics port and compatibility failures -----------------------------------------
