@@ -111,7 +111,10 @@ def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -
                 app.cleanup()
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an event loop running
+# in this thread while it is started, and the async tests that an xdist worker
+# runs after these modules could not start theirs.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
     if not CHROMIUM.exists():
         pytest.fail(

@@ -42,6 +42,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "ScaleStreamRequest": {"targetShardCount": 3, "requestedBy": "t", "reason": "r"},
     "ScaleGroupRequest": {"targetShardCount": 3, "requestedBy": "t", "reason": "r"},
     "RollbackMigrationRequest": {"requestedBy": "t", "reason": "r"},
+    "ReplayDeadLetterRequest": {"requestedBy": "t", "reason": "r", "keyField": "k"},
     "HeartbeatRequest": {
         "protocolVersion": 1,
         "requestId": "r",
@@ -54,7 +55,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
 }
 # Valid path parameters (an existing group and member).
 PATH_VALUES = {"streamPrefix": PREFIX, "consumerGroup": GROUP, "memberId": MEMBER,
-               "shardIndex": "0", "reshardingId": "rs-unknown", "username": "nobody"}  # fmt: skip
+               "shardIndex": "0", "reshardingId": "rs-unknown", "username": "nobody",
+               "deadLetterId": "1-0"}  # fmt: skip
 
 # Values that are wrong for any field of the kind, never merely "different".
 BAD_INTS: list[Any] = [2**63, -(2**63) - 1, 10**30, "1", 1.5, True, [1], {"a": 1}]
