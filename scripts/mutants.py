@@ -33,10 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 MEMBER = "streamkit/consumer/member.py"
 DRAFT = "streamkit_server/core/draft.py"
 HEARTBEAT = "streamkit_server/core/heartbeat.py"
+ROLLBACK = "streamkit_server/core/rollback.py"
 SIMULATION = "tests/core/test_simulation.py"
 #: Pinned schedules first (quick), then the fixed and the fresh random ones.
 #: Not the expected failure: a mutant that made it pass would count as caught.
 SIMULATION_TESTS = (
+    "test_a_failover_that_lost_a_grant_only_another_process_saw",
     "test_a_late_previous_epoch_report_releases_nothing",
     "test_a_restore_from_before_a_handoff_starts_nothing_new",
     "test_fixed_schedules",
@@ -179,6 +181,22 @@ MUTANTS = (
                 "    if request.member_epoch != member.member_epoch:\n",
                 "    if request.member_epoch not in"
                 " (member.member_epoch, member.previous_member_epoch):\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "server-change-ignored",
+        "a write on another Redis server incarnation opens no correction round",
+        ((ROLLBACK, "if server_changed and locked:", "if False:"),),
+    ),
+    Mutant(
+        "forgotten-drain-ignored",
+        "a correction round closes while a member still drains a shard Redis forgot",
+        (
+            (
+                DRAFT,
+                "            if member.live:\n                return\n            gone_at",
+                "            gone_at",
             ),
         ),
     ),

@@ -88,7 +88,10 @@ async def test_gate_in_process(any_redis: RedisTarget) -> None:
             m1 = SimMember(http, "http://coord", "gate", "g", "m1", auth=("admin", "pw"))
             mutex = await _hold_mutex(any_redis, "gate")
             inflight = asyncio.create_task(m1.post(m1.body()))
-            await asyncio.sleep(0.2)
+            for _ in range(200):  # the heartbeat enters the gate, then waits on the mutex
+                if runtime.gate.inside == 1:
+                    break
+                await asyncio.sleep(0.05)
             assert runtime.gate.inside == 1
             runtime.begin_terminating()
             m2 = SimMember(http, "http://coord", "gate", "g", "m2", auth=("admin", "pw"))
