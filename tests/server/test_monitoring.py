@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import httpx
 
 from streamkit.testing import RedisTarget
@@ -12,7 +14,14 @@ from .sim import API, SimMember, create_group, redis_of
 MON = f"{API}/monitoring/streams/mon/groups/g"
 
 
-async def test_monitoring_views(coordinator: CoordinatorProcess, any_redis: RedisTarget) -> None:
+async def test_monitoring_views(
+    coordinator_factory: Callable[..., CoordinatorProcess], any_redis: RedisTarget
+) -> None:
+    # A lease far longer than the test: the members heartbeat once, and on a
+    # loaded machine a 1.5 s lease could expire them before the views are read.
+    coordinator = coordinator_factory(
+        any_redis, member_lease_ttl_ms=20_000, rebalance_timeout_ms=40_000
+    )
     async with httpx.AsyncClient(base_url=coordinator.url, auth=coordinator.admin_auth) as http, \
             redis_of(any_redis) as r:  # fmt: skip
         await create_group(http, coordinator, "mon", "g", 2)
