@@ -56,7 +56,14 @@ async def test_backlogged_shards_get_equal_turns(
         async with serving(app):
             await eventually(lambda: sum(delivered.values()) > 0, 10, "first delivery")
             delivered.clear()
+            # A window of at least a second, and long enough for several turns
+            # per shard: on a starved machine one second may hold only one or
+            # two batches per shard, too few to compare.
             await anyio.sleep(1.0)
+            for _ in range(30):  # up to 3 s more
+                if min(delivered[shard] for shard in range(SHARDS)) >= 30:
+                    break
+                await anyio.sleep(0.1)
             counts = [delivered[shard] for shard in range(SHARDS)]
             await anyio.sleep(0.3)  # one more heartbeat carries the latest report
             # The heartbeats report capacity and per-shard progress.
