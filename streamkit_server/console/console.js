@@ -90,6 +90,11 @@
   const can = (role) => Boolean(session && session.roles.has(role));
 
   async function api(method, path, body) {
+    if (!session && !path.endsWith("auth/login")) {
+      // Signed out while a refresh was under way: its remaining calls would
+      // only collect 401s, so they are not sent at all.
+      throw new ApiError(401, "SIGNED_OUT", "signed out");
+    }
     const headers = { Accept: "application/json" };
     if (session) headers.Authorization = `Bearer ${session.token}`;
     if (body !== undefined) headers["Content-Type"] = "application/json";

@@ -51,7 +51,17 @@ WRITER = ("writer", PASSWORDS["writer"])
 
 
 @pytest.fixture(scope="module")
-def ops(redis_server: RedisServer) -> Iterator[tuple[CoordinatorProcess, int]]:
+def ops_redis() -> Iterator[RedisServer]:
+    """A Redis of this module's own: the limiter windows count per principal in
+    Redis, and other modules' admin mutations (same worker, same minute) on the
+    shared server would be counted against this module's lowered limits."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def ops(ops_redis: RedisServer) -> Iterator[tuple[CoordinatorProcess, int]]:
+    redis_server = ops_redis
     with redis_server.client() as conn:
         conn.execute_command(
             "ACL", "SETUSER", REDIS_USER, "reset", "on", f">{REDIS_PASSWORD}",
@@ -85,8 +95,8 @@ def ops(redis_server: RedisServer) -> Iterator[tuple[CoordinatorProcess, int]]:
 
 
 @pytest.fixture
-async def r(redis_server: RedisServer) -> AsyncIterator[Any]:
-    client = redis.asyncio.Redis.from_url(redis_server.url)
+async def r(ops_redis: RedisServer) -> AsyncIterator[Any]:
+    client = redis.asyncio.Redis.from_url(ops_redis.url)
     try:
         yield client
     finally:
