@@ -13,7 +13,7 @@ import pytest
 from core.coverage import REPORT
 from hypothesis import settings
 
-from streamkit.testing import RedisCluster, RedisServer, RedisTarget
+from streamkit.testing import HOST, RedisCluster, RedisServer, RedisTarget
 
 # No per-example deadline: it is a timing assertion, and a loaded CI machine
 # (xdist workers beside real Redis servers) trips it on correct code.
@@ -100,6 +100,14 @@ def private_redis_server() -> Iterator[RedisServer]:
     """A standalone server owned by one test, free to be killed and restarted."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture
+def primary_and_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A private primary and an asynchronous replica of it, for failover tests."""
+    with RedisServer() as primary:
+        with RedisServer(extra_args=("--replicaof", HOST, str(primary.port))) as replica:
+            yield primary, replica
 
 
 from coordinator_fixtures import coordinator, coordinator_factory, coordinator_pool  # noqa: E402, F401

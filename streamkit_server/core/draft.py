@@ -300,7 +300,9 @@ class Draft:
                 continue
             if member.live:
                 return
-            gone_at = member.fenced_at_ms or member.dead_since_ms
+            gone_at = (
+                member.fenced_at_ms if member.fenced_at_ms is not None else member.dead_since_ms
+            )
             if gone_at is not None and self.now < gone_at + self.config.member_lease_ttl_ms:
                 return
         group.correction = None

@@ -9,27 +9,19 @@ simulation's pinned known gap).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import anyio
 import httpx
-import pytest
 import redis.asyncio
 
-from streamkit.testing import HOST, RedisServer, RedisTarget
+from streamkit.testing import RedisServer, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
 from .sim import SimMember, create_group, metric, shards, stored_group
 
 LEASE_S = 1.5
 REGRESSIONS = "redis_stream_coord_metadata_regression_total"
-
-
-@pytest.fixture
-def primary_and_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
-    with RedisServer() as primary:
-        with RedisServer(extra_args=("--replicaof", HOST, str(primary.port))) as replica:
-            yield primary, replica
 
 
 async def test_a_promoted_replica_that_missed_a_grant_opens_a_correction_round(

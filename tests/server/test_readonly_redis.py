@@ -9,23 +9,15 @@ primary, so the coordinator never recovered by itself.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
-import pytest
 from chaos.proxy import ChaosProxy
 
 from streamkit.testing import HOST, RedisServer, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
 from .sim import create_group
-
-
-@pytest.fixture
-def primary_and_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
-    with RedisServer() as primary:
-        with RedisServer(extra_args=("--replicaof", HOST, str(primary.port))) as replica:
-            yield primary, replica
 
 
 async def test_a_demoted_primary_answers_503_then_the_coordinator_follows_the_endpoint(
