@@ -47,7 +47,7 @@ import argparse
 import asyncio
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
 
 import httpx
@@ -200,7 +200,13 @@ def publisher_batched(pub: Publisher, size: int = BATCH) -> Mode:
     return run
 
 
-async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, rounds: int) -> None:
+async def bench(
+    target: RedisTarget,
+    coordinator: CoordinatorProcess,
+    n: int,
+    rounds: int,
+    only: Sequence[str] = (),
+) -> None:
     async with httpx.AsyncClient(base_url=coordinator.url, auth=coordinator.admin_auth) as http:
         answer = await http.post(
             f"/coord/v1/streams/{PREFIX}/groups/{GROUP}",
@@ -268,6 +274,8 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
         modes[f"{tasks:>3} tasks raw xadd each"] = raw_concurrent(raw, tasks)
         modes[f"{tasks:>3} tasks publisher, coalescing off"] = publisher_concurrent(plain, tasks)
         modes[f"{tasks:>3} tasks publisher.publish"] = publisher_concurrent(pub, tasks)
+    if only:  # a subset (and every mode a ratio of it needs is the caller's choice)
+        modes = {name: mode for name, mode in modes.items() if any(o in name for o in only)}
     rates: dict[str, list[float]] = {name: [] for name in modes}
     names = list(modes)
     try:
@@ -301,7 +309,8 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
         )
 
     def ratio(label: str, num: str, den: str) -> None:
-        print(f"  {label:<58} = {best[num] / best[den]:.2f}x")
+        if num in best and den in best:
+            print(f"  {label:<58} = {best[num] / best[den]:.2f}x")
 
     print()
     ratio("single: publisher / raw xadd", "single  publisher.publish", "single  raw xadd")
@@ -347,6 +356,8 @@ async def bench(target: RedisTarget, coordinator: CoordinatorProcess, n: int, ro
             f"{tasks:>3} tasks publisher.publish",
             f"{tasks:>3} tasks publisher, coalescing off",
         )
+    if only:
+        return
     single = best["single  publisher.publish"] / best["single  raw xadd"]
     single_cmd = best["single  publisher.publish"] / best["single  raw execute_command"]
     per_shard = best["batched publisher.publish_many"] / best["batched raw, pipeline per shard"]
@@ -378,6 +389,13 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cluster", action="store_true", help="3-primary Redis Cluster")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=(),
+        metavar="TEXT",
+        help="run only the modes whose name contains one of these (e.g. 'tasks' 'batch 100')",
+    )
     args = parser.parse_args()
     with ExitStack() as stack:
         if args.cluster:
@@ -387,7 +405,7 @@ def main() -> None:
             server = stack.enter_context(RedisServer())
             target = RedisTarget(server.url, cluster=False)
         coordinator = stack.enter_context(CoordinatorProcess(target.url, cluster=target.cluster))
-        asyncio.run(bench(target, coordinator, args.messages, args.rounds))
+        asyncio.run(bench(target, coordinator, args.messages, args.rounds, args.only))
 
 
 if __name__ == "__main__":

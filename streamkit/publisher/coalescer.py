@@ -11,8 +11,15 @@ round trip each, although their calls arrive within the same event-loop turn.
   caller becomes the *leader* of a batch: it yields for ``window`` seconds (0
   means one event-loop turn), lets every caller arriving meanwhile join, then
   sends the batch as one pipeline and hands each caller its own reply;
-* **bounded:** a batch takes at most ``max_batch`` commands; the next caller
-  then starts a new batch.
+* **group commit:** while ``max_in_flight`` sends are in the air, a batch keeps
+  collecting until one of them is answered, and goes out then (the callers
+  that answer woke join it first). Callers that arrive spread over time, as
+  web requests do, then share a few large pipelines on at most
+  ``max_in_flight`` connections, instead of each event-loop turn's arrivals
+  taking a pooled connection and a round trip of their own;
+* **bounded:** a batch takes at most ``max_batch`` commands; a full batch is
+  sent without waiting for the in-flight limit, and the next caller starts a
+  new batch.
 
 Each caller gets its own reply, or its own error: a command error (a reply
 that is an exception) fails that call only; an error of the whole pipeline
@@ -25,9 +32,10 @@ sequential (the task awaits each), so they keep their order. Calls from
 different tasks in *different* batches may be sent on different connections at
 the same time: across tasks there is no order, exactly as without coalescing.
 
-The leader sends and delivers under a shielded cancel scope: cancelling the
-leader while its batch is in the air must not strand the other callers. The
-shield lasts one round trip, bounded by the client's socket timeout.
+The leader waits, sends and delivers under a shielded cancel scope: cancelling
+the leader while its batch is collecting or in the air must not strand the
+other callers. The shield lasts at most two round trips (one already in the
+air, then its own), each bounded by the client's socket timeout.
 """
 
 from __future__ import annotations
@@ -61,15 +69,21 @@ class CommandCoalescer:
         *,
         window: float = 0.0,
         max_batch: int = 1000,
+        max_in_flight: int = 2,
     ) -> None:
         if window < 0:
             raise ValueError(f"window must be >= 0, got {window}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self._send_one = send_one
         self._send_many = send_many
         self.window = window
         self.max_batch = max_batch
+        self.max_in_flight = max_in_flight
+        # Leaders waiting for a send in the air to be answered.
+        self._waiters: list[asyncio.Future[None]] = []
         # (command, future) of the batch being collected; redis-py is asyncio
         # only, and a bare future is the cheapest way to hand back one reply.
         self._collecting: list[tuple[Command, asyncio.Future[Any]]] | None = None
@@ -86,6 +100,7 @@ class CommandCoalescer:
             batch.append((command, future))
             if len(batch) >= self.max_batch:
                 self._collecting = None  # full: the next caller starts a new batch
+                self._wake()  # a full batch does not wait for the in-flight limit
             return await future
         if self._in_flight == 0:
             # Nothing in the air: nobody to wait for, send at once.
@@ -96,7 +111,14 @@ class CommandCoalescer:
                 return await self._send_one(*command)
             finally:
                 self._in_flight -= 1
+                self._wake()
         return await self._lead(command)
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def _lead(self, command: Command) -> Any:
         own: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -105,6 +127,17 @@ class CommandCoalescer:
         with anyio.CancelScope(shield=True):
             try:
                 await asyncio.sleep(self.window)  # let the callers of this turn join
+                loop = asyncio.get_running_loop()
+                while self._in_flight >= self.max_in_flight and len(batch) < self.max_batch:
+                    # Group commit: keep collecting until a send in the air is
+                    # answered. Bounded by that send's round trip (the
+                    # client's socket timeout at worst).
+                    waiter: asyncio.Future[None] = loop.create_future()
+                    self._waiters.append(waiter)
+                    await waiter
+                    # The callers that answer woke run in this turn; one more
+                    # turn lets those that call again right away join.
+                    await asyncio.sleep(0)
             finally:
                 if self._collecting is batch:
                     self._collecting = None
@@ -113,6 +146,7 @@ class CommandCoalescer:
                 await self._send(batch)
             finally:
                 self._in_flight -= 1
+                self._wake()
         return own.result()
 
     async def _send(self, batch: list[tuple[Command, asyncio.Future[Any]]]) -> None:

@@ -48,7 +48,7 @@ import redis.exceptions
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from streamkit.connections import AsyncRedis, connect_redis
+from streamkit.connections import AsyncRedis, connect_redis, send_command, send_commands
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
 from streamkit.errors import StreamkitError
 from streamkit.group_hints import existing_groups_hint
@@ -326,7 +326,7 @@ class Publisher:
         # off, each call is its own round trip.
         self._coalescer: CommandCoalescer | None = (
             CommandCoalescer(
-                self._redis.execute_command,
+                functools.partial(send_command, self._redis),
                 self._send_pipeline,
                 window=coalesce_window,
                 max_batch=self.max_batch,
@@ -532,7 +532,7 @@ class Publisher:
             seq = self._refresher.started
             try:
                 if self._coalescer is None:
-                    reply = await self._redis.execute_command(*snap.heads[index], *args)
+                    reply = await send_command(self._redis, *snap.heads[index], *args)
                 else:
                     reply = await self._coalescer.execute(*snap.heads[index], *args)
             except _RETRYABLE as exc:
@@ -550,10 +550,7 @@ class Publisher:
             attempt += 1
 
     async def _send_pipeline(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-        pipe = self._redis.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
-        return await pipe.execute(raise_on_error=False)
+        return await send_commands(self._redis, commands)
 
     async def publish_many(
         self, items: Iterable[tuple[PartitionKey, Fields]]
@@ -824,15 +821,15 @@ class Publisher:
                 snap, _ = await self._route_slow(batch[pending[0]][0])
             seq = self._refresher.started
             count, heads = snap.count, snap.heads
-            pipe = self._redis.pipeline(transaction=False)
             shards: list[int] = []
+            commands: list[tuple[Any, ...]] = []
             for i in pending:
                 key, args = batch[i]
                 index = shard_for_key(key, count)
                 shards.append(index)
-                pipe.execute_command(*heads[index], *args)
+                commands.append((*heads[index], *args))
             try:
-                replies = await pipe.execute(raise_on_error=False)
+                replies = await send_commands(self._redis, commands)
             except _RETRYABLE as exc:
                 if attempt >= self.max_attempts or _fatal(exc):
                     raise
