@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import re
 import statistics
 import time
@@ -89,12 +90,22 @@ async def owners(coordinator: CoordinatorProcess, prefix: str, group: str) -> di
         }
 
 
-async def prepublish(redis: Any, prefix: str, shards: int, messages: int) -> None:
+async def prepublish(
+    redis: Any, prefix: str, shards: int, messages: int, traced: bool = False
+) -> None:
+    """The backlog. ``traced``: every entry carries a ``traceparent``, as written by
+    a publisher whose tracer samples 1 % at the head (1 in 100 flagged sampled)."""
     chunk = 5_000
+    rng = random.Random(1)
     for start in range(0, messages, chunk):
         pipe = redis.pipeline(transaction=False)
         for i in range(start, min(start + chunk, messages)):
-            pipe.xadd(f"{prefix}:{i % shards}", {"payload": PAYLOAD})
+            fields = {"payload": PAYLOAD}
+            if traced:
+                flags = "01" if i % 100 == 0 else "00"
+                ids = f"{rng.getrandbits(128):032x}-{rng.getrandbits(64) | 1:016x}"
+                fields["traceparent"] = f"00-{ids}-{flags}"
+            pipe.xadd(f"{prefix}:{i % shards}", fields)
         await pipe.execute()
 
 
@@ -272,16 +283,22 @@ async def failure_runs(
 def observability_stacks() -> dict[str, list[Middleware]]:
     """Off, and the built-in metrics + tracing middlewares without and with an OTel SDK."""
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
     from prometheus_client import CollectorRegistry
 
     from streamkit.observability.metrics import PrometheusMiddleware
     from streamkit.observability.tracing import TracingMiddleware
 
-    sdk = TracerProvider()  # records every span; no exporter (the exporter is the app's cost)
-    # What a high-volume consumer would run: 1 % of new traces sampled (the
-    # bench's entries carry no traceparent, so each starts its own trace).
+    # Every entry carries a traceparent of a producer sampling 1 % (see
+    # prepublish). No exporter: exporting is the app's own cost.
+    # Every entry recorded: a sampler that says yes to all, asked every time.
+    sdk = TracerProvider(sampler=ALWAYS_ON)
+    # What a high-volume pipeline runs: the producer samples 1 % at the head,
+    # the consumer follows its decision (the SDK's default ParentBased).
     sampled = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
+    # A consumer that samples on its own, ignoring the producer's flag: the
+    # SDK is asked (and creates a sampled-out span) for every entry.
+    own = TracerProvider(sampler=TraceIdRatioBased(0.01))
     return {
         "middlewares off": [],
         "metrics + tracing (API only)": [
@@ -290,11 +307,15 @@ def observability_stacks() -> dict[str, list[Middleware]]:
         ],
         "metrics + tracing (SDK, all spans)": [
             PrometheusMiddleware(CollectorRegistry()),
-            TracingMiddleware(tracer=sdk.get_tracer("streamkit")),
+            TracingMiddleware(tracer=sdk.get_tracer("streamkit"), follow_parent_sampling=False),
         ],
-        "metrics + tracing (SDK, 1% sampled)": [
+        "metrics + tracing (SDK, 1% at producer)": [
             PrometheusMiddleware(CollectorRegistry()),
             TracingMiddleware(tracer=sampled.get_tracer("streamkit")),
+        ],
+        "metrics + tracing (SDK, 1% own sampler)": [
+            PrometheusMiddleware(CollectorRegistry()),
+            TracingMiddleware(tracer=own.get_tracer("streamkit"), follow_parent_sampling=False),
         ],
     }
 
@@ -472,7 +493,7 @@ async def bench(args: argparse.Namespace, url: str, coordinator: CoordinatorProc
         return
     await create_group(coordinator, prefix, "provision", args.shards)
     started = time.perf_counter()
-    await prepublish(redis, prefix, args.shards, args.messages)
+    await prepublish(redis, prefix, args.shards, args.messages, traced=args.observability)
     print(
         f"pre-published {args.messages} entries over {args.shards} shards "
         f"in {time.perf_counter() - started:.1f}s"

@@ -5,6 +5,16 @@ entry (field ``traceparent`` by default: ``STREAMKIT_TRACE_CONTEXT_FIELD``).
 :class:`TracingMiddleware` starts one ``CONSUMER`` span per handled entry
 whose parent is that producer span, so a trace runs from the publish call
 through the handler (and whatever the handler calls).
+
+Sampling follows the producer: an entry whose ``traceparent`` says *not
+sampled* (flags ``00``, what a publisher writes when its span was sampled
+out) gets no consumer span, and the SDK is not asked. That is the decision
+the SDK's default sampler (``ParentBased``) would reach, at a fraction of
+its cost (creating a sampled-out span costs more than handling a small entry
+does). The handler still runs inside the producer's (unsampled) context, so
+what it publishes or calls carries the same decision on.
+``TracingMiddleware(follow_parent_sampling=False)`` asks the tracer for every
+entry instead, for a sampler that decides on consumer spans by itself.
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ __all__ = ["TracingMiddleware", "parent_context"]
 
 _NO_PROVIDER: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _RECHECK_S: Final = 1.0
-_TRACEPARENT: Final = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+_TRACEPARENT: Final = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_FLAGS: Final = tuple(trace.TraceFlags(flags) for flags in range(256))
 
 
 def parent_context(value: bytes | str | None) -> Context | None:
@@ -44,18 +55,18 @@ def parent_context(value: bytes | str | None) -> Context | None:
 
 
 def _remote_span_context(value: bytes | str | None) -> SpanContext | None:
+    # Runs per handled entry: a bytes pattern (no decode), the flags from a
+    # table, SpanContext's positional form (its keyword form costs more).
     if value is None:
         return None
-    text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
-    match = _TRACEPARENT.match(text.strip())
+    raw = value if type(value) is bytes else str(value).encode("ascii", "replace")
+    match = _TRACEPARENT.fullmatch(raw) or _TRACEPARENT.fullmatch(raw.strip())
     if match is None:
         return None
-    trace_id, span_id = int(match.group(1), 16), int(match.group(2), 16)
+    trace_id, span_id = int(match[1], 16), int(match[2], 16)
     if trace_id == 0 or span_id == 0:
         return None
-    return SpanContext(
-        trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(int(match.group(3), 16))
-    )
+    return SpanContext(trace_id, span_id, True, _FLAGS[int(match[3], 16)])
 
 
 class TracingMiddleware(Middleware):
@@ -63,13 +74,20 @@ class TracingMiddleware(Middleware):
 
     ``field`` is the entry field read for the ``traceparent`` (None: do not
     link).  ``tracer`` defaults to ``trace.get_tracer("streamkit")``.
+    ``follow_parent_sampling``: an entry whose producer span was sampled out
+    gets no span (see the module docstring); False asks the tracer every time.
     """
 
     def __init__(
-        self, *, tracer: trace.Tracer | None = None, field: str | None = "traceparent"
+        self,
+        *,
+        tracer: trace.Tracer | None = None,
+        field: str | None = "traceparent",
+        follow_parent_sampling: bool = True,
     ) -> None:
         # The default is a proxy: a provider installed later is still used.
         self.tracer = tracer or trace.get_tracer("streamkit")
+        self.follow_parent_sampling = follow_parent_sampling
         self._explicit = tracer is not None
         self._field = field.encode() if field else None
         self._active = self._explicit
@@ -102,7 +120,15 @@ class TracingMiddleware(Middleware):
         message = ctx.message
         parent = None
         if self._field is not None:
-            parent = parent_context(message.raw_fields.get(self._field))
+            remote = _remote_span_context(message.raw_fields.get(self._field))
+            if remote is not None:
+                parent = trace.set_span_in_context(NonRecordingSpan(remote))
+                if self.follow_parent_sampling and not remote.trace_flags.sampled:
+                    token = otel_context.attach(parent)
+                    try:
+                        return await call_next()
+                    finally:
+                        otel_context.detach(token)
         # Attributes given at the start: an SDK span takes its lock once for
         # them, instead of once per set_attribute call.  start_span and a
         # context token rather than start_as_current_span: that one stacks

@@ -508,10 +508,12 @@ class Publisher:
         if not self._tracing:  # no tracer provider configured: no span at all
             return await self._publish(partition_key, args)
         span = self._tracer.start_span(self._span_name, kind=SpanKind.PRODUCER)
-        if not span.is_recording():  # sampled out
-            return await self._publish(partition_key, args)
-        if self.trace_context_field:
+        if self.trace_context_field and span.get_span_context().is_valid:
+            # Sampled out too: the entry carries the decision (flags 00), so
+            # consumers follow it instead of each sampling on their own.
             args = [*args, self.trace_context_field, traceparent(span)]
+        if not span.is_recording():
+            return await self._publish(partition_key, args)
         with trace.use_span(span, end_on_exit=True):
             span.set_attribute("messaging.system", "redis")
             span.set_attribute("messaging.operation.type", "send")
@@ -790,13 +792,17 @@ class Publisher:
             if self._tracing
             else None
         )
-        if span is None or not span.is_recording():
+        if span is None:
             await self._publish_chunk(batch, pending, results, errors)
             return
-        if self.trace_context_field:
+        if self.trace_context_field and span.get_span_context().is_valid:
+            # Also when sampled out: the decision travels with the entries.
             extra = [self.trace_context_field, traceparent(span)]
             for i in pending:
                 batch[i] = (batch[i][0], [*batch[i][1], *extra])
+        if not span.is_recording():
+            await self._publish_chunk(batch, pending, results, errors)
+            return
         with trace.use_span(span, end_on_exit=True):
             span.set_attribute("messaging.system", "redis")
             span.set_attribute("messaging.operation.type", "send")

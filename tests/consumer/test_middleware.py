@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
@@ -162,6 +164,62 @@ async def test_consumer_span_is_child_of_the_producer_span(
         assert span.status.status_code is StatusCode.UNSET
     # A missing or malformed traceparent starts a new trace instead of failing.
     assert parent_context(None) is None and parent_context("garbage") is None
+
+
+@standalone
+@pytest.mark.parametrize("follow", [True, False])
+async def test_a_sampled_out_producer_decides_for_the_consumer(
+    coordinator: CoordinatorProcess,
+    any_redis: RedisTarget,
+    admin: Admin,
+    names: tuple[str, str],
+    follow: bool,
+) -> None:
+    prefix, group = names
+    await admin.create_group(prefix, group, 2)
+    producer_side = TracerProvider(sampler=ALWAYS_OFF)  # every producer span sampled out
+    # Consumer side: a sampler that records everything it is asked about, so
+    # a consumer span appears exactly when the middleware asks the SDK.
+    exporter = InMemorySpanExporter()
+    consumer_side = TracerProvider(sampler=ALWAYS_ON)
+    consumer_side.add_span_processor(SimpleSpanProcessor(exporter))
+    app = StreamKit(
+        **in_process_settings(coordinator, any_redis, f"sampled-{follow}"),
+        middlewares=[
+            TracingMiddleware(
+                tracer=consumer_side.get_tracer("streamkit"), follow_parent_sampling=follow
+            )
+        ],
+    )
+    pub = app.publisher(stream_prefix=prefix, group=group)
+    pub.tracer = producer_side.get_tracer("streamkit")
+    seen: list[tuple[str, trace.SpanContext]] = []
+
+    @app.stream_listener(stream_prefix=prefix, group=group, auto_ack=True)
+    async def handle(msg: Message) -> None:
+        seen.append((msg.fields["traceparent"], trace.get_current_span().get_span_context()))
+
+    with anyio.fail_after(20):
+        async with serving(app):
+            await pub.publish("order-1", {"n": "1"})
+            await pub.publish_many([("order-2", {"n": "2"})])
+            await eventually(lambda: len(seen) == 2, 10, "two entries handled")
+    for value, current in seen:
+        # The publisher wrote the sampled-out decision into the entry.
+        version, trace_id, span_id, flags = value.split("-")
+        assert version == "00" and int(flags, 16) & 1 == 0  # not sampled
+        assert current.trace_id == int(trace_id, 16)  # the handler ran in that trace
+        if follow:
+            # No consumer span: the handler sees the producer's unsampled span.
+            assert current.span_id == int(span_id, 16) and not current.trace_flags.sampled
+    consumers = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.CONSUMER]
+    if follow:
+        assert consumers == []
+    else:  # asked every time: the consumer's own sampler recorded both
+        assert len(consumers) == 2
+        assert {s.parent.span_id for s in consumers if s.parent} == {
+            int(value.split("-")[2], 16) for value, _ in seen
+        }
 
 
 @standalone
