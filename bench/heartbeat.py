@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,11 +214,30 @@ async def _measure(
 
     t0 = time.monotonic()
     workers = min(concurrency, len(members))
+    spy = await _start_profiler(name, coord.pid, seconds)
     await asyncio.gather(*(loop(members[w::workers]) for w in range(workers)))
     elapsed = time.monotonic() - t0
+    if spy is not None:
+        await spy.wait()
     cpu = _cpu_seconds(coord.pid) - cpu0
     written = await _redis_input_bytes(redis_url) - bytes0
     return Result(name, len(latencies), elapsed, latencies, cpu, written, limited)
+
+
+#: --profile DIR: py-spy records the coordinator during each closed-loop scenario.
+PROFILE_DIR: str | None = None
+
+
+async def _start_profiler(name: str, pid: int, seconds: float) -> asyncio.subprocess.Process | None:
+    """``py-spy record`` of the coordinator for the scenario (collapsed stacks)."""
+    if PROFILE_DIR is None:
+        return None
+    out = os.path.join(PROFILE_DIR, re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + ".txt")
+    return await asyncio.create_subprocess_exec(
+        "py-spy", "record", "--format", "raw", "--rate", "250", "--nonblocking",
+        "--duration", str(max(1, int(seconds) - 1)), "--pid", str(pid), "--output", out,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
 
 
 @dataclass
@@ -387,7 +407,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each scenario")
     parser.add_argument("--fleet-only", action="store_true", help="only the paced fleet")
     parser.add_argument("--fleet-members", type=int, default=1024, help="with --fleet-only")
+    parser.add_argument(
+        "--profile", metavar="DIR", help="record the coordinator with py-spy per scenario"
+    )
     args = parser.parse_args()
+    global PROFILE_DIR
+    PROFILE_DIR = args.profile
+    if PROFILE_DIR:
+        os.makedirs(PROFILE_DIR, exist_ok=True)
     if args.fleet_only:
         asyncio.run(_fleet_only(args.seconds, args.fleet_members))
     else:

@@ -132,7 +132,9 @@ async def _rate_limit(request: Request, role: Role, principal: Principal) -> Non
         )  # fmt: skip
 
 
-def _caller(request: Request) -> Principal:
+async def _caller(request: Request) -> Principal:
+    # A coroutine: FastAPI runs a plain ``def`` dependency in a worker thread,
+    # a thread hop per request that costs more than this lookup.
     # ``authorize`` already ran as the router's dependency (before any
     # parameter is validated, so a caller without credentials gets 401 first).
     principal: Principal | None = getattr(request.state, "principal", None)
@@ -147,7 +149,12 @@ AUTHORIZE = Depends(authorize)
 Caller = Annotated[Principal, Depends(_caller)]
 
 
-def group_keys(request: Request, streamPrefix: str, consumerGroup: str) -> GroupKeys:
+async def group_keys(request: Request, streamPrefix: str, consumerGroup: str) -> GroupKeys:
+    """The group's Redis keys, names validated (a coroutine: no worker-thread hop)."""
+    return keys_for(request, streamPrefix, consumerGroup)
+
+
+def keys_for(request: Request, streamPrefix: str, consumerGroup: str) -> GroupKeys:
     validate_stream_prefix(streamPrefix)
     validate_consumer_group(consumerGroup)
     return runtime(request).service.keys(streamPrefix, consumerGroup)

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 
 from streamkit.protocol import API_PREFIX, StreamMessagePageDirection
 from streamkit_server.api import monitoring
-from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys
+from streamkit_server.api.deps import AUTHORIZE, Caller, keys_for
 from streamkit_server.errors import ApiError
 from streamkit_server.store import GroupKeys
 
@@ -36,7 +36,7 @@ def _options(values: list[str]) -> JSONResponse:
 
 
 def _keys(request: Request, prefix: str, group: str) -> GroupKeys:
-    return group_keys(request, prefix, group)
+    return keys_for(request, prefix, group)
 
 
 async def _groups(request: Request, caller: Any) -> list[dict[str, Any]]:

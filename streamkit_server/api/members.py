@@ -20,12 +20,6 @@ from streamkit_server.store import GroupKeys
 router = APIRouter(prefix=API_PREFIX, tags=["Members"], dependencies=[AUTHORIZE])
 
 
-async def _group_keys(request: Request, streamPrefix: str, consumerGroup: str) -> GroupKeys:
-    # ``group_keys`` as a coroutine: FastAPI runs a plain ``def`` dependency in
-    # a worker thread, a hop per heartbeat that costs more than the check.
-    return group_keys(request, streamPrefix, consumerGroup)
-
-
 @router.post(
     "/streams/{streamPrefix}/groups/{consumerGroup}/members/{memberId}/heartbeat",
     operation_id="sendConsumerHeartbeat",
@@ -45,7 +39,7 @@ async def heartbeat(
     request: Request,
     memberId: str,
     body: HeartbeatRequest,
-    keys: Annotated[GroupKeys, Depends(_group_keys)],
+    keys: Annotated[GroupKeys, Depends(group_keys)],
     _principal: Caller,
 ) -> Response:
     validate_member_id(memberId)

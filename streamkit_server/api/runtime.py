@@ -7,11 +7,10 @@ import contextlib
 import logging
 import secrets
 import time
-from typing import Any
 
-import redis.asyncio
 from redis.exceptions import RedisError
 
+from streamkit.connections import connect_redis
 from streamkit.protocol import HealthResponse
 from streamkit_server.audit_stream import AuditStream
 from streamkit_server.core import LAYOUT_VERSION, SCHEMA_VERSION
@@ -37,15 +36,15 @@ log = logging.getLogger("streamkit_server")
 
 
 def make_redis_client(settings: ServerSettings) -> RedisClient:
-    """One client (and connection pool) per process."""
-    options: dict[str, Any] = {
-        "socket_timeout": 5.0,
-        "socket_connect_timeout": 2.0,
-        "decode_responses": False,
-    }
-    if settings.redis_cluster:
-        return redis.asyncio.RedisCluster.from_url(settings.redis_url, **options)
-    return redis.asyncio.Redis.from_url(settings.redis_url, **options)
+    """One client (and connection pool) per process, with the data plane's fast
+    command packer (``streamkit.connections``)."""
+    return connect_redis(
+        settings.redis_url,
+        cluster=settings.redis_cluster,
+        connect_timeout=2.0,
+        socket_timeout=5.0,
+        decode_responses=False,
+    )
 
 
 class Runtime:
