@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from dataclasses import dataclass
 from typing import Final
 
 from redis.commands.core import AsyncScript
@@ -45,6 +47,30 @@ return -1
 """
 
 
+# KEYS[1] counter; ARGV: window ms, cost (> 0).  Adds cost, returns
+# {count, remaining ms of the window}: a process's batch of counted events.
+_ADD: Final = """
+local count = redis.call('INCRBY', KEYS[1], ARGV[2])
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]); ttl = tonumber(ARGV[1]) end
+return {count, ttl}
+"""
+
+#: How late a process adds its events to a batched (``check_batched``) counter.
+FLUSH_INTERVAL_MS: Final = 50
+
+
+@dataclass(slots=True)
+class _Share:
+    """This process's view of one batched counter."""
+
+    known: int  # the fleet's count at the last flush (this process's included)
+    pending: int  # counted here since, not yet added in Redis
+    window_end_ms: float  # local monotonic clock
+    flush_due_ms: float
+    flushing: bool = False
+
+
 class RateLimited(CoordinatorError):
     """Over a limit: ``TOO_MANY_REQUESTS``, answered 429 with ``Retry-After``."""
 
@@ -56,13 +82,9 @@ class RateLimited(CoordinatorError):
 class RateLimiter:
     def __init__(self, client: RedisClient, key_prefix: str) -> None:
         self._script: AsyncScript = client.register_script(_WINDOW)
+        self._add: AsyncScript = client.register_script(_ADD)
         self._prefix = f"{key_prefix}:ratelimit"
-
-    async def _remaining_ms(
-        self, kind: str, ident: str, window_ms: int, limit: int, cost: int
-    ) -> int:
-        key = f"{self._prefix}:{kind}:{ident}"
-        return int(await self._script(keys=[key], args=[window_ms, limit, cost]))
+        self._shares: dict[str, _Share] = {}
 
     async def check(
         self, kind: str, ident: str, *, window_ms: int, limit: int, cost: int = 1
@@ -85,3 +107,50 @@ class RateLimiter:
         if remaining >= 0:
             seconds = max(1, -(-remaining // 1000))
             raise RateLimited(f"too many {kind} requests; retry in {seconds} s", seconds)
+
+    async def check_batched(self, kind: str, ident: str, *, window_ms: int, limit: int) -> None:
+        """Count one event against a limit shared by the fleet, without a round trip each.
+
+        For the hottest path (heartbeats): the decision uses the fleet's count
+        as of this process's last flush plus what this process counted since;
+        the request that finds a flush due (every ``FLUSH_INTERVAL_MS``) adds
+        this process's events to the shared counter and learns the fleet's
+        count. One process limits exactly; a fleet of N processes can admit
+        up to what the other N - 1 admit in one flush interval beyond the
+        limit, which is what a guard against runaway clients can allow.
+        """
+        if limit <= 0:
+            return
+        key = f"{self._prefix}:{kind}:{ident}"
+        now = time.monotonic() * 1000
+        share = self._shares.get(key)
+        if share is None or now >= share.window_end_ms:
+            if len(self._shares) > 10_000:  # windows ended long ago: drop them
+                self._shares = {k: v for k, v in self._shares.items() if v.window_end_ms > now}
+            share = self._shares[key] = _Share(0, 0, now + window_ms, now)
+        if now >= share.flush_due_ms and not share.flushing:
+            # Add this process's events and learn the fleet's count before
+            # deciding (the first event of a window learns it too).
+            await self._flush(key, share, window_ms, now)
+        if share.known + share.pending >= limit:
+            seconds = max(1, -(-int(share.window_end_ms - now) // 1000))
+            raise RateLimited(f"too many {kind} requests; retry in {seconds} s", seconds)
+        share.pending += 1
+
+    async def _flush(self, key: str, share: _Share, window_ms: int, now: float) -> None:
+        share.flushing = True
+        share.flush_due_ms = now + FLUSH_INTERVAL_MS
+        added = share.pending
+        try:
+            async with asyncio.timeout(_TIMEOUT_S):
+                count, ttl = await self._add(keys=[key], args=[window_ms, added])
+        except (RedisError, OSError, TimeoutError) as exc:
+            # Fail open, as ``check`` does; the events stay counted here and
+            # go with the next flush.
+            log.warning("rate limit %s not shared: %s", key, type(exc).__name__)
+            return
+        finally:
+            share.flushing = False
+        share.pending -= added
+        share.known = int(count)
+        share.window_end_ms = time.monotonic() * 1000 + int(ttl)

@@ -126,7 +126,9 @@ async def _rate_limit(request: Request, role: Role, principal: Principal) -> Non
         # Valid names only: a counter key per invalid name would be client-chosen.
         validate_stream_prefix(prefix)
         validate_consumer_group(group)
-        await rt.limiter.check(
+        # Batched: the fleet-wide count is shared every few milliseconds, not
+        # one round trip per heartbeat (see RateLimiter.check_batched).
+        await rt.limiter.check_batched(
             "heartbeat", f"{prefix}/{group}", window_ms=settings.heartbeat_interval_ms,
             limit=settings.heartbeat_rate_multiple * settings.max_members_per_group,
         )  # fmt: skip
