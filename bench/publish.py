@@ -33,6 +33,10 @@ publishes N keyed ~100-byte messages in each mode:
                     with coalescing, calls of one loop turn share a pipeline.
                     The ceiling is the raw one pipeline of 100.
 
+* single-caller latency: a lone caller alternating, call by call, between the
+  coalescing publisher and the one with ``coalesce=False`` (so drift in the
+  machine's load hits both alike); per-call p50 / p99 of each, as a ratio.
+
 Each round sends the N messages through every mode, interleaved in slices of
 2,000 messages (rotating which mode goes first), so that noise on the shared
 cores hits every mode alike; the best round of each mode is kept. Streams are
@@ -293,6 +297,7 @@ async def bench(
             for name in names:
                 rates[name].append(n / elapsed[name])
             print(f"round {r + 1}/{rounds} done", flush=True)
+        await lone_caller_latency(pub, plain, msgs[: min(len(msgs), 10_000)])
     finally:
         await pub.aclose()
         await observed.aclose()
@@ -382,6 +387,28 @@ async def bench(
         f"  publisher counters: published={pub.published} retries={pub.retries} "
         f"refreshes={pub.refresher.refreshes}"
     )
+
+
+async def lone_caller_latency(pub: Publisher, plain: Publisher, msgs: list[Message]) -> None:
+    """One caller, alternating call by call: coalescing on vs off, per-call latency."""
+    on: list[float] = []
+    off: list[float] = []
+    for n, (key, fields) in enumerate(msgs):
+        first, second = (pub, on), (plain, off)
+        for publisher, into in (first, second) if n % 2 else (second, first):
+            started = time.perf_counter()
+            await publisher.publish(key, fields)
+            into.append(time.perf_counter() - started)
+    on.sort()
+    off.sort()
+
+    def at(values: list[float], q: float) -> float:
+        return values[min(len(values) - 1, int(q * len(values)))] * 1e6
+
+    print(f"\n  lone caller, {len(msgs):,} calls each, alternating (µs per call):")
+    for q, label in ((0.5, "p50"), (0.99, "p99")):
+        print(f"    {label}: coalescing on {at(on, q):7.1f}   off {at(off, q):7.1f}   "
+              f"on / off = {at(on, q) / at(off, q):.3f}")  # fmt: skip
 
 
 def main() -> None:
