@@ -10,6 +10,8 @@ is what bounds the coordinator's throughput on a machine where the client and
 redis-server take their share of the cores.
 
 Run: python bench/heartbeat.py [--seconds 10]   (about a minute in total)
+     python bench/heartbeat.py --profile /tmp/spy   (py-spy on PATH: ``pip install
+     py-spy``; one collapsed-stack file of the coordinator per scenario)
 
 Then a paced fleet at the default heartbeat interval (3 s) and the server's
 default rate limits: the largest group the defaults allow (1,024 members)
