@@ -47,7 +47,7 @@ return -1
 """
 
 
-# KEYS[1] counter; ARGV: window ms, cost (> 0).  Adds cost, returns
+# KEYS[1] counter; ARGV: window ms, cost (>= 0).  Adds cost, returns
 # {count, remaining ms of the window}: a process's batch of counted events.
 _ADD: Final = """
 local count = redis.call('INCRBY', KEYS[1], ARGV[2])
