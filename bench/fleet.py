@@ -183,9 +183,11 @@ async def _create(coord: CoordinatorProcess, names: list[str]) -> None:
             r.raise_for_status()
 
 
-async def _batch_sizes(coords: list[CoordinatorProcess]) -> tuple[float, float]:
-    """(sum, count) of the coordinators' critical-section batch-size histograms."""
+async def _batch_sizes(coords: list[CoordinatorProcess]) -> tuple[float, float, dict[str, float]]:
+    """(sum, count) of the coordinators' critical-section batch-size histograms,
+    and their locked-path writes by reason."""
     total = count = 0.0
+    locked: dict[str, float] = {}
     async with httpx.AsyncClient(timeout=30) as http:
         for coord in coords:
             text = (await http.get(f"{coord.url}/metrics", auth=coord.admin_auth)).text
@@ -194,7 +196,10 @@ async def _batch_sizes(coords: list[CoordinatorProcess]) -> tuple[float, float]:
                     total += float(line.split()[-1])
                 elif line.startswith("redis_stream_coord_batch_size_count"):
                     count += float(line.split()[-1])
-    return total, count
+                elif line.startswith("redis_stream_coord_locked_writes_total{"):
+                    reason = line.split('reason="', 1)[1].split('"', 1)[0]
+                    locked[reason] = locked.get(reason, 0.0) + float(line.split()[-1])
+    return total, count, locked
 
 
 def _scenario(redis: RedisServer, processes: int, args: argparse.Namespace) -> None:
@@ -257,6 +262,14 @@ def _scenario(redis: RedisServer, processes: int, args: argparse.Namespace) -> N
     print(f"  coordinator CPU        {cpu_per_hb * 1000:8.3f} ms/heartbeat "
           f"(all processes; {cpu / elapsed:.2f} cores busy); mean batch {batch:.2f}")  # fmt: skip
     print(f"  Redis input            {written / max(1, count):8.0f} B/heartbeat")
+    locked = {
+        reason: n - batches0[2].get(reason, 0.0)
+        for reason, n in batches1[2].items()
+        if n - batches0[2].get(reason, 0.0) > 0
+    }
+    sections = max(1.0, batches1[1] - batches0[1])
+    print(f"  locked-path writes     {sum(locked.values()) / sections:8.1%} of critical sections "
+          f"{dict(sorted(locked.items()))}")  # fmt: skip
     print(f"  members per coordinator core at 3 s interval: {3 / cpu_per_hb:,.0f}")
     print(f"  two readers of one shard (from responses): {violations}")
     if violations:

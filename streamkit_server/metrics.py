@@ -64,6 +64,13 @@ class Metrics:
             "Successful metadata writes (each bumps the group's storeRevision by one).",
             registry=r,
         )
+        self.locked_writes = Counter(
+            "redis_stream_coord_locked_writes_total",
+            "Critical sections that took the locked path (mutex, load, compare-and-set)"
+            " instead of the one-round-trip steady write, by reason.",
+            ["reason"],
+            registry=r,
+        )
         self.state_conflicts = Counter(
             "redis_stream_coord_state_conflict_total",
             "Metadata writes rejected by the storeRevision CAS (workflow retried).",

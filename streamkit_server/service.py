@@ -205,36 +205,45 @@ class GroupExecutor:
         """
         cached = self.store.cached(keys)
         seen = self._seen.get(keys.metadata)
+        if cached is None or cached.layout_version != LAYOUT_VERSION:
+            return self._locked_because("no_copy")
+        # Only a copy this process loaded under the mutex or wrote: one
+        # refreshed by a read-only load may be a lower revision than this
+        # process saw (Redis went back), and only the locked path opens the
+        # correction round for that.
         if (
-            cached is None
-            or cached.layout_version != LAYOUT_VERSION
-            # Only a copy this process loaded under the mutex or wrote: one
-            # refreshed by a read-only load may be a lower revision than
-            # this process saw (Redis went back), and only the locked path
-            # opens the correction round for that.
-            or seen is None
+            seen is None
             or seen.revision != cached.revision
             or seen.lifecycle != cached.group.created_at_ms
         ):
-            return False
+            return self._locked_because("copy_not_seen")
         now = now_ms()
         state, changes, outcomes = _apply(cached.group, batch, now)
         merged = merge_changes(changes)
-        if state is None or not merged or not steady(merged):
-            return False
+        if state is None or not merged:
+            return self._locked_because("no_member_write")
+        if not steady(merged):
+            return self._locked_because("document_change")
         token = self.store.new_token()
         try:
             reply = await self.store.commit_steady(
                 cached, state, merged, token, self.settings.mutex_ttl_ms
             )
         except MutexBusy:
-            return False
+            return self._locked_because("mutex_busy")
         if not isinstance(reply, CommitResult):
+            # Redis holds a newer copy (another process wrote): loaded.
+            self.metrics.locked_writes.labels("copy_stale").inc()
             return _Locked(token, reply)
         self._observe(keys, state, reply.revision or 0)
         self._after_write(keys, cached.group, state, merged)
         _answer(batch, outcomes)
         return True
+
+    def _locked_because(self, reason: str) -> bool:
+        """Count why a batch takes the locked path (``/metrics``); False."""
+        self.metrics.locked_writes.labels(reason).inc()
+        return False
 
     def _observe(
         self, keys: GroupKeys, group: GroupMetadata, revision: int, server_changed: bool = False

@@ -59,6 +59,19 @@ async def test_two_coordinators_concurrent_heartbeats_lose_no_update(
 
         revision, writes = await state()
         assert revision == writes  # the create was revision 1; every write bumped it once
+
+        # Steady heartbeats through one process take the one-round-trip write;
+        # through the other one, right after, its copy is stale: the locked path.
+        locked = "redis_stream_coord_locked_writes_total"
+        await members[0].heartbeat(base_url=coords[0].url)  # its copy is now current
+        before = [await metric(http, c, locked) for c in coords]
+        for _ in range(3):
+            await members[0].heartbeat(base_url=coords[0].url)
+        assert await metric(http, coords[0], locked) == before[0]
+        await members[0].heartbeat(base_url=coords[1].url)
+        assert await metric(http, coords[1], locked) == before[1] + 1
+        revision, writes = await state()
+        assert revision == writes
         view = (
             await http.get(
                 f"{coords[1].url}{API}/monitoring/streams/multi/groups/g/members",
