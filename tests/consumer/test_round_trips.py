@@ -103,7 +103,9 @@ async def test_one_read_per_entry_at_low_load(
     # leaves little lease to block in, down to 5 ms), not from one quick empty
     # read per entry (that was about ``entries`` of them, and 2.1-2.2 reads
     # per entry in all).  An XACK whose pipeline the lease cut is sent again.
-    assert fast_empty < entries // 4, figures
+    # Half the entries: the old poller made one quick empty read per entry;
+    # a clean-clone CI run under load made 10 lease-shortened ones (of 40).
+    assert fast_empty < entries // 2, figures
     assert reads < 1.75 * entries, figures
     assert acks > 0, figures
 
