@@ -90,6 +90,24 @@ async def owners(coordinator: CoordinatorProcess, prefix: str, group: str) -> di
         }
 
 
+def head_sampled_traceparent(i: int, rng: random.Random) -> str:
+    """The ``traceparent`` a publisher sampling 1 % at the head writes: 1 in 100
+    flagged sampled."""
+    flags = "01" if i % 100 == 0 else "00"
+    return f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64) | 1:016x}-{flags}"
+
+
+def bench_coordinator(redis_url: str) -> CoordinatorProcess:
+    """The coordinator the consume and latency benchmarks run against."""
+    return CoordinatorProcess(
+        redis_url,
+        heartbeat_interval_ms=1_000,
+        member_lease_ttl_ms=5_000,
+        rebalance_timeout_ms=10_000,
+        tick_interval_ms=200,
+    )
+
+
 async def prepublish(
     redis: Any, prefix: str, shards: int, messages: int, traced: bool = False
 ) -> None:
@@ -102,9 +120,7 @@ async def prepublish(
         for i in range(start, min(start + chunk, messages)):
             fields = {"payload": PAYLOAD}
             if traced:
-                flags = "01" if i % 100 == 0 else "00"
-                ids = f"{rng.getrandbits(128):032x}-{rng.getrandbits(64) | 1:016x}"
-                fields["traceparent"] = f"00-{ids}-{flags}"
+                fields["traceparent"] = head_sampled_traceparent(i, rng)
             pipe.xadd(f"{prefix}:{i % shards}", fields)
         await pipe.execute()
 
@@ -550,16 +566,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     # One warning (with traceback) per failed attempt would flood the output.
     logging.getLogger("streamkit.poller").setLevel(logging.CRITICAL)
-    with (
-        RedisServer() as server,
-        CoordinatorProcess(
-            server.url,
-            heartbeat_interval_ms=1_000,
-            member_lease_ttl_ms=5_000,
-            rebalance_timeout_ms=10_000,
-            tick_interval_ms=200,
-        ) as coordinator,
-    ):
+    with RedisServer() as server, bench_coordinator(server.url) as coordinator:
         print(f"redis {server.url}, coordinator {coordinator.url}, pid {os.getpid()}")
         anyio.run(bench, args, server.url, coordinator)
 

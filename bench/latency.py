@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
-from consume import create_group, owners
+from consume import bench_coordinator, create_group, owners
 
 from streamkit import Message, StreamKit
 from streamkit.testing import RedisServer, RedisTarget, redis_client
@@ -221,16 +221,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # A loaded machine makes heartbeats late and the lease cuts reads short;
     # that shows in the figures, one warning per cut read would bury them.
     logging.getLogger("streamkit.poller").setLevel(logging.ERROR)
-    with (
-        RedisServer() as server,
-        CoordinatorProcess(
-            server.url,
-            heartbeat_interval_ms=1_000,
-            member_lease_ttl_ms=5_000,
-            rebalance_timeout_ms=10_000,
-            tick_interval_ms=200,
-        ) as coordinator,
-    ):
+    with RedisServer() as server, bench_coordinator(server.url) as coordinator:
         args.url = server.url
         print(f"redis {server.url}, coordinator {coordinator.url}, pid {os.getpid()}")
         anyio.run(bench, args, coordinator)

@@ -10,16 +10,10 @@ stacks interleaved round by round; the figure is the process CPU time per
 entry (median of the rounds) and its difference to no middleware at all.
 
 Entries carry a ``traceparent`` as a publisher sampling 1 % at the head writes
-it (1 in 100 flagged sampled). Stacks, as in ``bench/consume.py``:
-
-* off: no middleware (the handler call alone);
-* metrics: ``PrometheusMiddleware``;
-* metrics + tracing, API only: no SDK installed (tracing inactive);
-* metrics + tracing, SDK, 1 % at producer: ``ParentBased(TraceIdRatioBased(0.01))``,
-  the consumer follows the entry's flag (the default);
-* metrics + tracing, SDK, own 1 % sampler: ``follow_parent_sampling=False``,
-  the SDK asked (and a sampled-out span created) for every entry;
-* metrics + tracing, SDK, every entry recorded.
+it (1 in 100 flagged sampled). The stacks are ``bench/consume.py``'s
+(``observability_stacks``: off; metrics + tracing without an SDK; with an SDK
+recording every entry, sampling 1 % at the producer (followed, the default),
+or sampling 1 % on its own), plus ``PrometheusMiddleware`` alone.
 """
 
 from __future__ import annotations
@@ -30,14 +24,12 @@ import random
 import statistics
 import time
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
+from consume import head_sampled_traceparent, observability_stacks
 from prometheus_client import CollectorRegistry
 
 from streamkit.consumer.message import Message
 from streamkit.middleware import ConsumeContext, ConsumeResult, Middleware, chain
 from streamkit.observability.metrics import PrometheusMiddleware
-from streamkit.observability.tracing import TracingMiddleware
 
 DONE = ConsumeResult()
 
@@ -54,29 +46,10 @@ class _Sink:
 
 
 def stacks() -> dict[str, list[Middleware]]:
-    def tracing(provider: TracerProvider, follow: bool = True) -> list[Middleware]:
-        return [
-            PrometheusMiddleware(CollectorRegistry()),
-            TracingMiddleware(tracer=provider.get_tracer("bench"), follow_parent_sampling=follow),
-        ]
-
-    return {
-        "off": [],
-        "metrics": [PrometheusMiddleware(CollectorRegistry())],
-        "metrics + tracing, API only": [
-            PrometheusMiddleware(CollectorRegistry()),
-            TracingMiddleware(),
-        ],
-        "metrics + tracing, SDK 1% at producer": tracing(
-            TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
-        ),
-        "metrics + tracing, SDK own 1% sampler": tracing(
-            TracerProvider(sampler=TraceIdRatioBased(0.01)), follow=False
-        ),
-        "metrics + tracing, SDK every entry": tracing(
-            TracerProvider(sampler=ALWAYS_ON), follow=False
-        ),
-    }
+    """``bench/consume.py``'s observability stacks, plus metrics alone."""
+    built = observability_stacks()
+    off = built.pop("middlewares off")
+    return {"off": off, "metrics": [PrometheusMiddleware(CollectorRegistry())], **built}
 
 
 def entries(n: int) -> list[Message]:
@@ -84,8 +57,7 @@ def entries(n: int) -> list[Message]:
     sink = _Sink()
     out = []
     for i in range(n):
-        flags = "01" if i % 100 == 0 else "00"
-        parent = f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64) | 1:016x}-{flags}"
+        parent = head_sampled_traceparent(i, rng)
         fields = {b"payload": b"x" * 84, b"traceparent": parent.encode()}
         out.append(Message(sink, 3, b"1-%d" % i, fields))
     return out

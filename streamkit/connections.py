@@ -43,7 +43,7 @@ def connect_redis(
         client = redis.asyncio.RedisCluster.from_url(url, **options)
         # The startup nodes exist (without connections); the nodes discovered
         # later are built from these keyword arguments.
-        fast = fast_packing(client.connection_kwargs.get("connection_class", Connection))
+        fast = fast_packing(client.connection_kwargs.get("connection_class", _DEFAULT_CONNECTION))
         client.connection_kwargs["connection_class"] = fast
         client.nodes_manager.connection_kwargs["connection_class"] = fast
         for node in client.nodes_manager.startup_nodes.values():
@@ -55,7 +55,8 @@ def connect_redis(
     return standalone
 
 
-Connection = redis.asyncio.Connection
+_DEFAULT_CONNECTION = redis.asyncio.Connection
+# connection class -> its fast-packing subclass, made once per class.
 _FAST: dict[type, type] = {}
 
 
@@ -128,8 +129,11 @@ async def send_commands(client: AsyncRedis, commands: Sequence[tuple[Any, ...]])
     """Send ``commands`` as one non-transactional pipeline; one reply per command.
 
     A command's error reply comes back as its exception (``raise_on_error=False``);
-    a failure of the whole round trip (connection lost, timeout) raises. Replies
-    are what Redis sent (no response callbacks), which is all an ``XADD`` needs.
+    a failure of the whole round trip (connection lost, timeout) raises. On a
+    standalone Redis the replies are what Redis sent (no response callbacks),
+    which is all an ``XADD`` needs; on a cluster redis-py's callbacks apply, so
+    a caller whose command's reply a callback reshapes (``XREADGROUP``) must
+    tell the two apart (the poller does).
 
     On a standalone Redis this is a lean pipeline: one packed write, then the
     replies read under **one** deadline (the client's socket timeout) instead
@@ -168,7 +172,7 @@ async def send_commands(client: AsyncRedis, commands: Sequence[tuple[Any, ...]])
                     except redis.exceptions.ResponseError as exc:
                         replies.append(exc)
         except TimeoutError:
-            # read_response disconnected: replies still on the wire are dropped
+            # Replies still on the wire must never answer a later command.
             await conn.disconnect(nowait=True)
             raise redis.exceptions.TimeoutError(
                 f"Timeout reading pipeline replies from {redis_address(client)}"

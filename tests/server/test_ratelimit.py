@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio
 
 from streamkit.connections import connect_redis
+from streamkit.testing import RedisServer
 from streamkit_server.ratelimit import FLUSH_INTERVAL_MS, RateLimited, RateLimiter
 from streamkit_server.store import RedisClient
 
@@ -28,8 +29,8 @@ async def admitted(limiter: RateLimiter, ident: str, events: int, limit: int) ->
     return count
 
 
-async def test_one_process_admits_exactly_the_limit(redis_server: object) -> None:
-    client: RedisClient = connect_redis(redis_server.url)  # type: ignore[attr-defined]
+async def test_one_process_admits_exactly_the_limit(redis_server: RedisServer) -> None:
+    client: RedisClient = connect_redis(redis_server.url)
     try:
         limiter = RateLimiter(client, f"t-{uuid.uuid4().hex[:6]}")
         assert await admitted(limiter, "g", 25, limit=10) == 10
@@ -38,8 +39,8 @@ async def test_one_process_admits_exactly_the_limit(redis_server: object) -> Non
         await client.aclose()
 
 
-async def test_processes_share_their_counts(redis_server: object) -> None:
-    client: RedisClient = connect_redis(redis_server.url)  # type: ignore[attr-defined]
+async def test_processes_share_their_counts(redis_server: RedisServer) -> None:
+    client: RedisClient = connect_redis(redis_server.url)
     try:
         prefix = f"t-{uuid.uuid4().hex[:6]}"
         a, b = RateLimiter(client, prefix), RateLimiter(client, prefix)
