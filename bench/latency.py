@@ -2,6 +2,7 @@
 
 Run: python bench/latency.py                 (1,000 and 10,000 msg/s, 10 s each)
      python bench/latency.py --rates 1000 --seconds 20 --rounds 2
+     python bench/latency.py --rates 1000 --paired   (both sides at once)
 
 One private ``redis-server`` and coordinator (via ``streamkit.testing``). The
 same paced publisher feeds both sides, one after the other, in the same
@@ -20,15 +21,24 @@ before the send. The handler's latency is ``perf_counter_ns`` at its call
 minus that stamp, so it includes the publish round trip, the wait in Redis and
 the consumer's read. Both sides use the same publisher and client, so the
 ratio isolates the consumer. The first ``--warmup`` seconds are not counted.
+
+By default the two sides run one after the other. This VM has bursts of
+steal time lasting seconds, so a round can put one side in a burst and the
+other in a calm spell. ``--paired`` runs both sides at once: one publisher
+sends each entry to both (one pipeline, one stamp), so every disturbance hits
+both sides alike. The two consumers then share the event loop, which costs
+each a little of the other's handling time.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import anyio
@@ -47,9 +57,10 @@ def percentile(sorted_values: list[float], p: float) -> float:
 
 
 async def paced_publish(
-    redis: Any, keys: list[str], rate: int, seconds: float, stop_at_count: list[int]
-) -> int:
-    """Publish ``rate`` entries per second for ``seconds``; returns how many were sent."""
+    redis: Any, targets: list[tuple[list[str], Recorder]], rate: int, seconds: float
+) -> None:
+    """Publish ``rate`` entries per second for ``seconds`` to every target (its
+    keys in turn); each recorder learns how many entries it will get."""
     total = int(rate * seconds)
     start = time.perf_counter()
     sent = 0
@@ -57,17 +68,21 @@ async def paced_publish(
         due = min(total, int((time.perf_counter() - start) * rate) + 1)
         if due > sent:
             stamp = str(time.perf_counter_ns())
-            if due - sent == 1:
+            if due - sent == 1 and len(targets) == 1:
+                keys = targets[0][0]
                 await redis.xadd(keys[sent % len(keys)], {"t": stamp, "p": PAYLOAD})
             else:
                 pipe = redis.pipeline(transaction=False)
                 for i in range(sent, due):
-                    pipe.xadd(keys[i % len(keys)], {"t": stamp, "p": PAYLOAD})
+                    for keys, _ in targets:
+                        pipe.xadd(keys[i % len(keys)], {"t": stamp, "p": PAYLOAD})
                 await pipe.execute()
             sent = due
         await anyio.sleep(0.001)
-    stop_at_count[0] = sent
-    return sent
+    for _, recorder in targets:
+        recorder.expected[0] = sent
+        if recorder.count >= sent:
+            recorder.done.set()
 
 
 async def all_handled(recorder: Recorder) -> None:
@@ -85,6 +100,11 @@ class Recorder:
         self.expected = [0]
         self.start_ns = time.perf_counter_ns()
         self.warmup_ns = warmup_ns
+
+    def start(self, warmup_s: float) -> None:
+        """The clock starts now; the first ``warmup_s`` seconds are not counted."""
+        self.start_ns = time.perf_counter_ns()
+        self.warmup_ns = int(warmup_s * 1e9)
 
     def record(self, stamp: bytes) -> None:
         now = time.perf_counter_ns()
@@ -106,11 +126,17 @@ class Recorder:
         }
 
 
-async def raw_run(redis: Any, tag: str, rate: int, args: argparse.Namespace) -> dict[str, float]:
+#: A side of the comparison while it reads: the keys to publish to, its recorder.
+Target = tuple[list[str], Recorder]
+
+
+@asynccontextmanager
+async def raw_consumer(redis: Any, tag: str, args: argparse.Namespace) -> AsyncIterator[Target]:
+    """The hand-written single-stream loop, reading; yields its key and recorder."""
     key, group = f"raw-{tag}", "raw"
     await redis.xgroup_create(key, group, "$", mkstream=True)
     consumer: Any = redis_client(RedisTarget(url=args.url, cluster=False))
-    recorder = Recorder(int(args.warmup * 1e9))
+    recorder = Recorder(0)
 
     async def consume() -> None:
         while True:
@@ -125,17 +151,17 @@ async def raw_run(redis: Any, tag: str, rate: int, args: argparse.Namespace) -> 
     async with anyio.create_task_group() as tg:
         tg.start_soon(consume)
         await anyio.sleep(0.2)  # the first read is blocking
-        await paced_publish(redis, [key], rate, args.seconds, recorder.expected)
-        await all_handled(recorder)
+        yield [key], recorder
         tg.cancel_scope.cancel()
     await consumer.aclose()
     await redis.delete(key)
-    return recorder.summary()
 
 
-async def streamkit_run(
-    redis: Any, coordinator: CoordinatorProcess, tag: str, rate: int, args: argparse.Namespace
-) -> dict[str, float]:
+@asynccontextmanager
+async def streamkit_consumer(
+    coordinator: CoordinatorProcess, tag: str, args: argparse.Namespace
+) -> AsyncIterator[Target]:
+    """An in-process app, joined and balanced; yields its shard keys and recorder."""
     prefix, group = f"sk-{tag}", "lat"
     await create_group(coordinator, prefix, group, args.shards)
     user, password = coordinator.admin_auth
@@ -155,7 +181,8 @@ async def streamkit_run(
 
     members = {f"lat-{tag}-m{i}" for i in range(args.concurrency)}
     async with anyio.create_task_group() as tg:
-        tg.start_soon(app.serve)
+        # As `streamkit run` does (STREAMKIT_GC_FREEZE): full collections skip the start-up heap.
+        tg.start_soon(functools.partial(app.serve, freeze_heap=True))
         while True:  # joined and balanced before the clock starts
             current = await owners(coordinator, prefix, group)
             counts = [len(current.get(m, [])) for m in members]
@@ -164,46 +191,64 @@ async def streamkit_run(
                     break
             await anyio.sleep(0.05)
         await anyio.sleep(0.5)  # every shard in its blocking read
-        recorder.start_ns = time.perf_counter_ns()
-        recorder.warmup_ns = int(args.warmup * 1e9)
-        keys = [f"{prefix}:{shard}" for shard in range(args.shards)]
-        await paced_publish(redis, keys, rate, args.seconds, recorder.expected)
-        await all_handled(recorder)
+        yield [f"{prefix}:{shard}" for shard in range(args.shards)], recorder
         app.shutdown()
-    return recorder.summary()
+
+
+async def measure(
+    redis: Any,
+    sides: list[AbstractAsyncContextManager[Target]],
+    rate: int,
+    args: argparse.Namespace,
+) -> list[dict[str, float]]:
+    """Open the sides, feed them all from one paced publisher, wait until every
+    entry was handled; their latency summaries in the order given."""
+    async with AsyncExitStack() as stack:
+        targets = [await stack.enter_async_context(side) for side in sides]
+        for _, recorder in targets:
+            recorder.start(args.warmup)
+        await paced_publish(redis, targets, rate, args.seconds)
+        for _, recorder in targets:
+            await all_handled(recorder)
+    return [recorder.summary() for _, recorder in targets]
 
 
 async def bench(args: argparse.Namespace, coordinator: CoordinatorProcess) -> None:
     redis = redis_client(RedisTarget(url=args.url, cluster=False))
+    mode = "paired: both sides fed at once" if args.paired else "one side after the other"
     print(
         f"{args.shards} shards, concurrency {args.concurrency}, {args.seconds:g} s per run "
-        f"(first {args.warmup:g} s not counted); latencies in ms"
+        f"(first {args.warmup:g} s not counted), {mode}; latencies in ms"
     )
     header = f"{'run':<20}{'p50':>10}{'p99':>10}{'p99.9':>10}{'max':>10}{'n':>8}"
     for round_ in range(args.rounds):
         for rate in args.rates:
             print(f"\nround {round_ + 1}, {rate:,} msg/s\n{header}")
             tag = f"{rate}-{round_}"
-            # Alternate which side goes first, so drift in the machine's load
-            # does not always favour the same one.
-            order = ["raw", "streamkit"] if round_ % 2 == 0 else ["streamkit", "raw"]
+            raw = raw_consumer(redis, tag, args)
+            kit = streamkit_consumer(coordinator, tag, args)
             results: dict[str, dict[str, float]] = {}
-            for side in order:
-                if side == "raw":
-                    results[side] = await raw_run(redis, tag, rate, args)
-                else:
-                    results[side] = await streamkit_run(redis, coordinator, tag, rate, args)
-            for side in ("raw", "streamkit"):
-                r = results[side]
+            if args.paired:
+                # One publisher feeds both in the same moments, so a disturbance
+                # of the machine (this VM has bursts of steal time) hits both.
+                results["raw"], results["streamkit"] = await measure(redis, [raw, kit], rate, args)
+            else:
+                # Alternate which side goes first, so drift in the machine's load
+                # does not always favour the same one.
+                order = [("raw", raw), ("streamkit", kit)]
+                for name, side in order if round_ % 2 == 0 else order[::-1]:
+                    (results[name],) = await measure(redis, [side], rate, args)
+            for side_name in ("raw", "streamkit"):
+                r = results[side_name]
                 print(
-                    f"{side:<20}{r['p50']:>10.2f}{r['p99']:>10.2f}{r['p99.9']:>10.2f}"
+                    f"{side_name:<20}{r['p50']:>10.2f}{r['p99']:>10.2f}{r['p99.9']:>10.2f}"
                     f"{r['max']:>10.2f}{int(r['n']):>8}"
                 )
-            raw, kit = results["raw"], results["streamkit"]
+            raw_r, kit_r = results["raw"], results["streamkit"]
             print(
-                f"{'streamkit / raw':<20}{kit['p50'] / raw['p50']:>9.2f}x"
-                f"{kit['p99'] / raw['p99']:>9.2f}x{kit['p99.9'] / raw['p99.9']:>9.2f}x"
-                f"{kit['max'] / raw['max']:>9.2f}x",
+                f"{'streamkit / raw':<20}{kit_r['p50'] / raw_r['p50']:>9.2f}x"
+                f"{kit_r['p99'] / raw_r['p99']:>9.2f}x{kit_r['p99.9'] / raw_r['p99.9']:>9.2f}x"
+                f"{kit_r['max'] / raw_r['max']:>9.2f}x",
                 flush=True,
             )
     await redis.aclose()
@@ -217,6 +262,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="feed both sides at once from one publisher (the same disturbances hit both)",
+    )
     args = parser.parse_args(argv)
     # A loaded machine makes heartbeats late and the lease cuts reads short;
     # that shows in the figures, one warning per cut read would bury them.

@@ -182,7 +182,7 @@ async def _serve(app: StreamKit, probe: tuple[str, int] | None = None) -> None:
             if probe is not None:
                 registry = _metrics_registry(app)
                 await tg.start(functools.partial(serve_probes, app, *probe, registry=registry))
-            await app.serve()
+            await app.serve(freeze_heap=app.settings.gc_freeze)
             tg.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         # Report a start-up failure (unknown group, ...) as itself, not as a

@@ -70,6 +70,11 @@ class StreamKitSettings(BaseSettings):
     trace_debug: bool = False
     #: ``HOST:PORT`` of the probe/metrics HTTP server of ``streamkit run``; None: off.
     http: str | None = None
+    #: ``streamkit run``: once the app started, collect garbage once and freeze
+    #: what is alive (``gc.freeze()``), so that later full collections do not
+    #: rescan the imported modules and the app's long-lived objects (tens of
+    #: milliseconds per collection in a handler's latency otherwise).
+    gc_freeze: bool = True
 
     def member_id_prefix(self, incarnation: str) -> str:
         """What member ids of one start of this process begin with."""

@@ -257,3 +257,26 @@ async def test_dlq_list_and_replay(
         assert not any(name.startswith(b"x-") for name in fields)  # metadata dropped
     empty = await anyio.to_thread.run_sync(lambda: run("dlq", "list", prefix, group, env=env))
     assert empty.returncode == 0 and "no dead letters" in empty.stderr
+
+
+@pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
+@pytest.mark.parametrize("freeze", [True, False])
+async def test_run_freezes_the_started_heap_unless_told_not_to(
+    coordinator: Any, any_redis: RedisTarget, admin: Any, names: tuple[str, str], freeze: bool
+) -> None:
+    prefix, group = names
+    await admin.create_group(prefix, group, 2)
+    env = app_env(
+        coordinator, any_redis, base="gc", prefix=prefix, group=group, record=Path(os.devnull)
+    )
+    env["STREAMKIT_GC_FREEZE"] = str(freeze).lower()
+    args = ["run", "--log-level", "debug", "tests.consumer.apps.recording:app"]
+    # "assigned shards" comes after the freeze (which happens before the members start).
+    text = await anyio.to_thread.run_sync(run_until, args, env, ["serving", "assigned shards"])
+    assert "assigned shards" in text, text
+    froze = [line for line in text.splitlines() if "out of garbage collection" in line]
+    if freeze:
+        assert len(froze) == 1 and text.index("serving") < text.index(froze[0]), text
+        assert int(froze[0].split("froze ")[1].split()[0]) > 10_000, froze  # modules, clients
+    else:
+        assert not froze, text
