@@ -200,6 +200,18 @@ MUTANTS = (
             ),
         ),
     ),
+    Mutant(
+        "member-update-untracked",
+        "a member record the core changed is missing from the changes the store writes",
+        (
+            (
+                DRAFT,
+                "        self.group.members[member_id] = member\n"
+                "        self.touched.add(member_id)",
+                "        self.group.members[member_id] = member",
+            ),
+        ),
+    ),
 )
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -67,7 +67,14 @@ from streamkit_server.core import (
     tick,
 )
 from streamkit_server.core.errors import Rejected
-from streamkit_server.core.result import diff, steady
+from streamkit_server.core.result import (
+    Change,
+    MemberRemoved,
+    MemberUpserted,
+    diff,
+    merge_changes,
+    steady,
+)
 from streamkit_server.core.rollback import Seen
 from streamkit_server.core.rollback import observe as core_observe
 
@@ -172,6 +179,35 @@ def observe(
     return seen.seen, seen.regressed_from_version
 
 
+def stored_after(
+    stored: GroupMetadata, state: GroupMetadata, changes: Sequence[Change]
+) -> GroupMetadata:
+    """What Redis holds once the store wrote ``changes`` over ``stored``.
+
+    As the v2 layout: a document change rewrites the group document (every
+    field but the member records) from ``state``; member records are written
+    one by one, only those named by a change.  Whatever the core changed
+    without saying so is therefore lost here, as it would be in Redis.
+    """
+    document = not steady(changes)
+    base = state if document else stored
+    members = dict(stored.members)
+    for change in changes:
+        if isinstance(change, MemberUpserted):
+            members[change.member.member_id] = change.member
+        elif isinstance(change, MemberRemoved):
+            members.pop(change.member_id, None)
+    return base.model_copy(update={"members": members})
+
+
+#: One critical section's operation: the group in, the core's results out.
+Op = Callable[[GroupMetadata], "Result[Any] | list[Result[Any]]"]
+
+
+def unchanged(group: GroupMetadata) -> Result[None]:
+    return Result(group, (), None)
+
+
 @dataclass
 class CoordinatorProcess:
     """One coordinator process: stateless but for the highest revision it saw."""
@@ -186,14 +222,16 @@ class CoordinatorProcess:
         self.highest, _ = observe(self.highest, revision, group, locked=False)
         return group
 
-    def run(self, op: Callable[[GroupMetadata], GroupMetadata], now: int) -> GroupMetadata:
-        """One critical section of the service: locked load, op, CAS write.
+    def run(self, op: Op, now: int) -> GroupMetadata:
+        """One critical section of the service: locked load, op, write of its changes.
 
         As ``GroupService._attempt``: a regression noticed by the load opens a
         correction round before the op runs, and is written with its result.
         As the store's commit script: a document write on a Redis server
         incarnation other than the one that stamped the group is refused, and
-        the rerun opens a correction round first.
+        the rerun opens a correction round first.  What is written is only
+        what the results' ``changes`` name (``stored_after``), and it must
+        come out as the state the core returned.
         """
         server_changed = False
         while True:
@@ -201,12 +239,15 @@ class CoordinatorProcess:
             self.highest, regressed = observe(
                 self.highest, revision, loaded, locked=True, server_changed=server_changed
             )
-            state = loaded
+            results: list[Result[Any]] = []
             if regressed is not None:
                 COVERAGE.count("regressions_detected")
-                state = state_of(begin_correction(loaded, now, CONFIG, regressed))
-            state = op(state)
-            document = state is not loaded and not steady(diff(loaded, state))
+                results.append(begin_correction(loaded, now, CONFIG, regressed))
+            out = op(state_of(results[-1]) if results else loaded)
+            results.extend(out if isinstance(out, list) else [out])
+            state = state_of(results[-1])
+            changes = merge_changes(result.changes for result in results)
+            document = bool(changes) and not steady(changes)
             if document and not server_changed and self.redis.stamped_elsewhere:
                 COVERAGE.count("server_changes_detected")
                 server_changed = True
@@ -218,24 +259,29 @@ class CoordinatorProcess:
                 before is None or before.state is not MemberState.FENCED
             ):
                 COVERAGE.count("members_fenced")
-        if state is not loaded:
-            written = self.redis.commit(revision, state, document=document)
-            self.highest, _ = observe(self.highest, written, state, locked=True)
-        return state
+        if not changes:
+            # No change: nothing is written, so the state must be the loaded one.
+            assert state == loaded, diff(loaded, state)
+            return loaded
+        stored = stored_after(loaded, state, changes)
+        assert stored == state, ("changes do not describe the step", changes, diff(stored, state))
+        written = self.redis.commit(revision, stored, document=document)
+        self.highest, _ = observe(self.highest, written, stored, locked=True)
+        COVERAGE.count("member_only_writes" if not document else "document_writes")
+        return stored
 
     def heartbeat(self, request: HeartbeatRequest, now: int) -> HeartbeatResponse | None:
         """The answer, or None for a refusal (``409 MEMBER_ID_IN_USE``)."""
         answers: list[HeartbeatResponse] = []
 
-        def op(group: GroupMetadata) -> GroupMetadata:
+        def op(group: GroupMetadata) -> Result[Any]:
             try:
                 outcome = handle_heartbeat(group, request.member_id, request, now, CONFIG)
             except Rejected:
                 COVERAGE.count("joins_refused")
-                return group
+                return unchanged(group)
             answers.append(outcome.response)
-            assert outcome.state is not None
-            return outcome.state
+            return outcome
 
         self.run(op, now)
         return answers[-1] if answers else None
@@ -244,7 +290,7 @@ class CoordinatorProcess:
         """The tick loop: a cheap scan, then a locked tick when something is due."""
         due = next_deadline_ms(self.peek(), CONFIG)
         if due is not None and due <= now:
-            self.run(lambda group: state_of(tick(group, now, CONFIG)), now)
+            self.run(lambda group: tick(group, now, CONFIG), now)
 
     def drain_work(self, now: int) -> None:
         """The server's loop provisions, probes and retires shards.
@@ -253,26 +299,23 @@ class CoordinatorProcess:
         not message accounting (the end-to-end tests do that).
         """
 
-        def op(group: GroupMetadata) -> GroupMetadata:
+        def op(group: GroupMetadata) -> list[Result[Any]]:
             work = pending_work(group, now, CONFIG)
+            results: list[Result[Any]] = [unchanged(group)]
             if work is None:
-                return group
+                return results
             if work.prepare:
                 # Provisioning is idempotent: a rollback of Redis just repeats it.
-                group = state_of(complete_provisioning(group, work.resharding_id, now, CONFIG))
+                results.append(complete_provisioning(group, work.resharding_id, now, CONFIG))
             if work.probe:
-                group = state_of(
-                    apply_drain_probe(
-                        group, work.resharding_id, dict.fromkeys(work.probe, True), now, CONFIG
-                    )
-                )
+                probed = dict.fromkeys(work.probe, True)
+                group = state_of(results[-1])
+                results.append(apply_drain_probe(group, work.resharding_id, probed, now, CONFIG))
             if work.retire:
-                group = state_of(
-                    apply_retirement(
-                        group, work.resharding_id, dict.fromkeys(work.retire, True), now, CONFIG
-                    )
-                )
-            return group
+                retired = dict.fromkeys(work.retire, True)
+                group = state_of(results[-1])
+                results.append(apply_retirement(group, work.resharding_id, retired, now, CONFIG))
+            return results
 
         self.run(op, now)
 
@@ -528,13 +571,11 @@ class ProtocolSimulation(RuleBasedStateMachine):
         rid = f"r{self.reshards}"
         coordinator = self._process(process)
 
-        def op(group: GroupMetadata) -> GroupMetadata:
+        def op(group: GroupMetadata) -> Result[Any]:
             try:
-                return state_of(
-                    start_resharding(group, shards, self.now, resharding_id=rid, ordered=ordered)
-                )
+                return start_resharding(group, shards, self.now, resharding_id=rid, ordered=ordered)
             except ReshardingRejected:
-                return group
+                return unchanged(group)
 
         coordinator.run(op, self.now)
         coordinator.drain_work(self.now)
@@ -940,6 +981,8 @@ REQUIRED = (
     "forged_leaves",
     "failovers",
     "server_changes_detected",
+    "member_only_writes",
+    "document_writes",
 )
 
 
