@@ -2,6 +2,7 @@
 
 Run: python bench/latency.py                 (1,000 and 10,000 msg/s, 10 s each)
      python bench/latency.py --rates 1000 --seconds 20 --rounds 2
+     python bench/latency.py --rates 1000 --interleave 0.5   (sides take turns)
      python bench/latency.py --rates 1000 --paired   (both sides at once)
 
 One private ``redis-server`` and coordinator (via ``streamkit.testing``). The
@@ -24,10 +25,15 @@ ratio isolates the consumer. The first ``--warmup`` seconds are not counted.
 
 By default the two sides run one after the other. This VM has bursts of
 steal time lasting seconds, so a round can put one side in a burst and the
-other in a calm spell. ``--paired`` runs both sides at once: one publisher
-sends each entry to both (one pipeline, one stamp), so every disturbance hits
-both sides alike. The two consumers then share the event loop, which costs
-each a little of the other's handling time.
+other in a calm spell. Two modes spread the disturbances over both sides:
+
+* ``--interleave SECONDS``: both sides are open for the whole run and the
+  publisher feeds them in turns (raw for SECONDS, then streamkit, ...), so
+  each side gets half of every stretch of the run while only one of them
+  reads at a time;
+* ``--paired``: one publisher sends each entry to both sides at once (one
+  pipeline, one stamp), so both see the same arrivals and disturbances; the
+  two consumers then share the event loop, each paying for the other's work.
 """
 
 from __future__ import annotations
@@ -57,31 +63,46 @@ def percentile(sorted_values: list[float], p: float) -> float:
 
 
 async def paced_publish(
-    redis: Any, targets: list[tuple[list[str], Recorder]], rate: int, seconds: float
+    redis: Any,
+    targets: list[tuple[list[str], Recorder]],
+    rate: int,
+    seconds: float,
+    interleave: float | None = None,
 ) -> None:
-    """Publish ``rate`` entries per second for ``seconds`` to every target (its
-    keys in turn); each recorder learns how many entries it will get."""
+    """Publish ``rate`` entries per second for ``seconds``: each entry to every
+    target (its keys in turn), or with ``interleave`` to one target at a time,
+    switching every ``interleave`` seconds of the schedule. Each recorder
+    learns how many entries it will get."""
     total = int(rate * seconds)
     start = time.perf_counter()
     sent = 0
+    counts = [0] * len(targets)
     while sent < total:
         due = min(total, int((time.perf_counter() - start) * rate) + 1)
         if due > sent:
             stamp = str(time.perf_counter_ns())
-            if due - sent == 1 and len(targets) == 1:
-                keys = targets[0][0]
-                await redis.xadd(keys[sent % len(keys)], {"t": stamp, "p": PAYLOAD})
+            sends: list[str] = []
+            for i in range(sent, due):
+                chosen = range(len(targets))
+                if interleave:
+                    side = int(i / rate / interleave) % len(targets)
+                    chosen = range(side, side + 1)
+                for t in chosen:
+                    keys = targets[t][0]
+                    sends.append(keys[counts[t] % len(keys)])
+                    counts[t] += 1
+            if len(sends) == 1:
+                await redis.xadd(sends[0], {"t": stamp, "p": PAYLOAD})
             else:
                 pipe = redis.pipeline(transaction=False)
-                for i in range(sent, due):
-                    for keys, _ in targets:
-                        pipe.xadd(keys[i % len(keys)], {"t": stamp, "p": PAYLOAD})
+                for key in sends:
+                    pipe.xadd(key, {"t": stamp, "p": PAYLOAD})
                 await pipe.execute()
             sent = due
         await anyio.sleep(0.001)
-    for _, recorder in targets:
-        recorder.expected[0] = sent
-        if recorder.count >= sent:
+    for (_, recorder), count in zip(targets, counts, strict=True):
+        recorder.expected[0] = count
+        if recorder.count >= count:
             recorder.done.set()
 
 
@@ -207,7 +228,7 @@ async def measure(
         targets = [await stack.enter_async_context(side) for side in sides]
         for _, recorder in targets:
             recorder.start(args.warmup)
-        await paced_publish(redis, targets, rate, args.seconds)
+        await paced_publish(redis, targets, rate, args.seconds, args.interleave)
         for _, recorder in targets:
             await all_handled(recorder)
     return [recorder.summary() for _, recorder in targets]
@@ -215,7 +236,12 @@ async def measure(
 
 async def bench(args: argparse.Namespace, coordinator: CoordinatorProcess) -> None:
     redis = redis_client(RedisTarget(url=args.url, cluster=False))
-    mode = "paired: both sides fed at once" if args.paired else "one side after the other"
+    if args.interleave:
+        mode = f"interleaved: the sides take turns every {args.interleave:g} s"
+    elif args.paired:
+        mode = "paired: both sides fed at once"
+    else:
+        mode = "one side after the other"
     print(
         f"{args.shards} shards, concurrency {args.concurrency}, {args.seconds:g} s per run "
         f"(first {args.warmup:g} s not counted), {mode}; latencies in ms"
@@ -228,9 +254,10 @@ async def bench(args: argparse.Namespace, coordinator: CoordinatorProcess) -> No
             raw = raw_consumer(redis, tag, args)
             kit = streamkit_consumer(coordinator, tag, args)
             results: dict[str, dict[str, float]] = {}
-            if args.paired:
-                # One publisher feeds both in the same moments, so a disturbance
-                # of the machine (this VM has bursts of steal time) hits both.
+            if args.paired or args.interleave:
+                # One publisher feeds both sides in the same stretch of time,
+                # so the machine's disturbances (this VM has bursts of steal
+                # time lasting seconds) fall on both alike.
                 results["raw"], results["streamkit"] = await measure(redis, [raw, kit], rate, args)
             else:
                 # Alternate which side goes first, so drift in the machine's load
@@ -266,6 +293,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--paired",
         action="store_true",
         help="feed both sides at once from one publisher (the same disturbances hit both)",
+    )
+    parser.add_argument(
+        "--interleave",
+        type=float,
+        metavar="SECONDS",
+        help="both sides open, fed in turns of SECONDS each (only one side reads at a time)",
     )
     args = parser.parse_args(argv)
     # A loaded machine makes heartbeats late and the lease cuts reads short;
