@@ -48,7 +48,7 @@ from typing import Any
 
 import httpx
 from heartbeat import API, Member, _cpu_seconds, _redis_input_bytes
-from rawhttp import Pipe, basic_head
+from rawhttp import Pipe, auth_head
 
 from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -141,7 +141,7 @@ async def _client(
     urls: list[str], auth: tuple[str, str], groups: list[str], args: argparse.Namespace,
     conn: Connection,
 ) -> None:  # fmt: skip
-    head = basic_head(auth)
+    head = await auth_head(urls[0], auth, args.auth)
     # Interleaved: member i of every group, then member i+1 ...
     members = [Member(g, f"m{i}") for i in range(args.members) for g in groups]
     readers = Readers()
@@ -286,9 +286,11 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=16, help="requests per pipelined batch")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2],
                         help="coordinator process counts to run")  # fmt: skip
+    parser.add_argument("--auth", choices=["bearer", "basic"], default="bearer",
+                        help="bearer: log in once, as streamkit members do (default)")  # fmt: skip
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; client, "
-          f"coordinators and redis-server share it")  # fmt: skip
+          f"coordinators and redis-server share it; {args.auth} authentication")  # fmt: skip
     with RedisServer() as redis:
         for processes in args.processes:
             _scenario(redis, processes, args)

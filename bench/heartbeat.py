@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 import redis.asyncio
-from rawhttp import Pipe, basic_head, request_bytes
+from rawhttp import Pipe, auth_head, request_bytes
 
 from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -185,7 +185,7 @@ async def _measure(
     bytes0 = await _redis_input_bytes(redis_url)
     cpu0 = _cpu_seconds(coord.pid)
 
-    head = basic_head(coord.member_auth)
+    head = await auth_head(coord.url, coord.member_auth, AUTH_SCHEME)
     trivial_request = request_bytes("GET", f"{API}/monitoring/compatibility", head)
 
     async def loop(mine: list[Member]) -> None:
@@ -228,6 +228,9 @@ async def _measure(
 
 #: --profile DIR: py-spy records the coordinator during each closed-loop scenario.
 PROFILE_DIR: str | None = None
+#: --auth: "bearer" logs in once, as streamkit members do; "basic" sends the
+#: password with every request (and pays the login limiter's checks each time).
+AUTH_SCHEME = "bearer"
 
 
 async def _start_profiler(name: str, pid: int, seconds: float) -> asyncio.subprocess.Process | None:
@@ -380,7 +383,8 @@ async def _fleet_only(seconds: float, members: int) -> None:
 
 async def _main(seconds: float) -> None:
     print(f"machine: {os.cpu_count()} cores; closed loop, {CONNECTIONS} keep-alive connections; "
-          f"client, coordinator and redis-server share the machine")  # fmt: skip
+          f"client, coordinator and redis-server share the machine; {AUTH_SCHEME} "
+          "authentication")  # fmt: skip
     with RedisServer() as redis, CoordinatorProcess(
         redis.url, heartbeat_interval_ms=3000, member_lease_ttl_ms=60_000,
         rebalance_timeout_ms=60_000, tick_interval_ms=1000,
@@ -412,9 +416,14 @@ def main() -> None:
     parser.add_argument(
         "--profile", metavar="DIR", help="record the coordinator with py-spy per scenario"
     )
+    parser.add_argument(
+        "--auth", choices=["bearer", "basic"], default="bearer",
+        help="bearer: log in once, as streamkit members do (default)",
+    )  # fmt: skip
     args = parser.parse_args()
-    global PROFILE_DIR
+    global PROFILE_DIR, AUTH_SCHEME
     PROFILE_DIR = args.profile
+    AUTH_SCHEME = args.auth
     if PROFILE_DIR:
         os.makedirs(PROFILE_DIR, exist_ok=True)
     if args.fleet_only:

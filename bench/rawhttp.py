@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
 
-__all__ = ["Pipe", "basic_head", "request_bytes"]
+from streamkit.protocol import API_PREFIX
+
+__all__ = ["Pipe", "auth_head", "basic_head", "bearer_head", "login", "request_bytes"]
 
 _LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
 
@@ -67,3 +70,34 @@ def basic_head(auth: tuple[str, str]) -> bytes:
     token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
     lines = f"Host: bench\r\nAuthorization: Basic {token}\r\nContent-Type: application/json\r\n"
     return lines.encode()
+
+
+def bearer_head(token: str) -> bytes:
+    """Header lines of a JSON request with a Bearer token."""
+    lines = f"Host: bench\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+    return lines.encode()
+
+
+async def login(url: str, auth: tuple[str, str]) -> str:
+    """A Bearer token for ``auth`` from the coordinator's login endpoint."""
+    body = json.dumps({"username": auth[0], "password": auth[1]}).encode()
+    head = b"Host: bench\r\nContent-Type: application/json\r\n"
+    pipe = await Pipe.open(url)
+    try:
+        ((status, answer),) = await pipe.exchange(
+            [request_bytes("POST", f"{API_PREFIX}/auth/login", head, body)]
+        )
+    finally:
+        pipe.close()
+    if status != 200:
+        raise RuntimeError(f"login failed: HTTP {status}: {answer[:200]!r}")
+    token: str = json.loads(answer)["accessToken"]
+    return token
+
+
+async def auth_head(url: str, auth: tuple[str, str], scheme: str) -> bytes:
+    """Header lines for ``scheme``: "bearer" logs in once, as streamkit clients
+    do (``streamkit.coordinator_client``); "basic" sends the password every time."""
+    if scheme == "basic":
+        return basic_head(auth)
+    return bearer_head(await login(url, auth))
