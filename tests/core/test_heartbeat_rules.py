@@ -9,7 +9,7 @@ from streamkit.protocol import (
     ShardConsumptionProgress,
     ShardId,
 )
-from streamkit_server.core import new_group
+from streamkit_server.core import begin_correction, new_group
 
 from .harness import CONFIG, Answer, Harness, request
 
@@ -376,6 +376,28 @@ def test_synced_member_gets_revoke_pending_until_round_closes_then_ok() -> None:
     assert still.status is HeartbeatStatus.REVOKE_PENDING
     h.advance(1)
     ok = h.beat("a", request("a", still.epoch, owned=still.assigned, version=still.version))
+    assert ok.status is OK
+    assert h.group.correction is None
+
+
+def test_a_new_regression_restarts_an_open_rounds_wait() -> None:
+    """A round's wait counts from the *last* regression noticed: writes lost in
+    a later rollback may have renewed leases after the round began (the zone
+    failure in docs/testing.md), so the old start would close it too early."""
+    h, a_epoch, seen = rolled_back()
+    sync = h.beat("a", request("a", a_epoch, owned=[0, 1], version=seen))
+    assert h.group.correction is not None
+    h.advance(CONFIG.member_lease_ttl_ms - 1)
+    h.apply(begin_correction(h.group, h.now, CONFIG, seen))  # Redis went back again
+    assert h.group.correction is not None
+    renewed = h.now
+    assert h.group.correction.started_at_ms == renewed
+    h.advance(1)  # the first regression's lease has passed; the second's has not
+    pending = h.beat("a", request("a", sync.epoch, owned=sync.assigned, version=sync.version))
+    assert pending.status is HeartbeatStatus.REVOKE_PENDING
+    assert h.group.correction is not None
+    h.advance(renewed + CONFIG.member_lease_ttl_ms - h.now)
+    ok = h.beat("a", request("a", pending.epoch, owned=pending.assigned, version=pending.version))
     assert ok.status is OK
     assert h.group.correction is None
 
