@@ -128,7 +128,9 @@ class ServerSettings(BaseSettings):
             return None
         host, sep, port_text = self.metrics_listen.rpartition(":")
         host = host.removeprefix("[").removesuffix("]")
-        if not sep or not host or not port_text.isdigit() or int(port_text) > 65_535:
+        # isascii: "¹" and other Unicode digits pass isdigit() but not int().
+        port_ok = port_text.isascii() and port_text.isdigit() and int(port_text) <= 65_535
+        if not sep or not host or not port_ok:
             raise ValueError("STREAMKIT_SERVER_METRICS_LISTEN must be host:port")
         try:
             loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback

@@ -30,7 +30,9 @@ _READ_TIMEOUT_S: Final = 5.0
 def parse_address(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9000`` for IPv6) -> (host, port); ValueError if malformed."""
     host, sep, port_text = value.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    # isascii: "¹" and other Unicode digits pass isdigit() but not int().
+    port_ok = port_text.isascii() and port_text.isdigit() and 0 <= int(port_text) <= 65535
+    if not sep or not host or not port_ok:
         raise ValueError(f"expected HOST:PORT, got {value!r}")
     return host.strip("[]"), int(port_text)
 

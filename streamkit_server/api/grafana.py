@@ -124,7 +124,8 @@ async def message_rows(
     keys = _keys(request, stream_prefix, consumer_group)
     if shard_index == "ALL":
         shards = sorted((await monitoring.load_group(request, keys)).known_shards())
-    elif shard_index.isdigit() and int(shard_index) <= 2**31 - 1:
+    # isascii: "¹" and other Unicode digits pass isdigit() but not int().
+    elif shard_index.isascii() and shard_index.isdigit() and int(shard_index) <= 2**31 - 1:
         shards = [int(shard_index)]
     else:
         raise ApiError(400, "INVALID_REQUEST", "shardIndex must be a shard number or ALL")

@@ -79,6 +79,6 @@ async def _is(awaitable: Any, expected: int) -> bool:
 def test_parse_address() -> None:
     assert parse_address("127.0.0.1:9464") == ("127.0.0.1", 9464)
     assert parse_address("[::1]:80") == ("::1", 80)
-    for bad in ("9464", ":80", "host:", "host:99999", "host:x"):
-        with pytest.raises(ValueError):
+    for bad in ("9464", ":80", "host:", "host:99999", "host:x", "host:\u00b9"):
+        with pytest.raises(ValueError, match="HOST:PORT"):
             parse_address(bad)

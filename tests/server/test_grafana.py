@@ -80,10 +80,13 @@ async def test_grafana_rows_and_options_come_from_the_monitoring_data(
         rows = await get("/assignments", **group)
         assert rows[0]["memberId"] == "m1" and set(rows[0]) >= {"targetShards", "currentShards"}
         assert await get("/messages", **group, shardIndex="ALL") == []
-        bad = await http.get(
-            f"{coord.url}{GRAFANA}/messages", params={**group, "shardIndex": "x"},
-            auth=coord.admin_auth,
-        )  # fmt: skip
-        assert bad.status_code == 400 and bad.json()["errorCode"] == "INVALID_REQUEST"
+        # "¹" and "٣" are digits to str.isdigit() but not to int(): found by the fuzzer.
+        for shard_index in ("x", "\u00b9", "\u0663", "-1"):
+            bad = await http.get(
+                f"{coord.url}{GRAFANA}/messages", params={**group, "shardIndex": shard_index},
+                auth=coord.admin_auth,
+            )  # fmt: skip
+            assert bad.status_code == 400, (shard_index, bad.text)
+            assert bad.json()["errorCode"] == "INVALID_REQUEST"
         missing = await http.get(f"{coord.url}{GRAFANA}/members", auth=coord.admin_auth)
         assert missing.status_code == 400

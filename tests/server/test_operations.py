@@ -209,7 +209,8 @@ async def test_health_names_its_reasons_and_needs_read(
 def test_the_metrics_listener_is_loopback_only() -> None:
     assert ServerSettings(metrics_listen="127.0.0.1:9464").metrics_address() == ("127.0.0.1", 9464)
     assert ServerSettings(metrics_listen="[::1]:9464").metrics_address() == ("::1", 9464)
-    for bad in ("0.0.0.0:9464", "10.0.0.5:9464", "example.com:9464", "127.0.0.1", "x:y"):
+    bad_ports = ("0.0.0.0:9464", "10.0.0.5:9464", "example.com:9464", "127.0.0.1", "x:y")
+    for bad in (*bad_ports, "127.0.0.1:\u00b9"):  # a Unicode digit: not a port
         with pytest.raises(ValidationError, match="METRICS_LISTEN"):
             ServerSettings(metrics_listen=bad)
 
