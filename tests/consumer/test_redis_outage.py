@@ -176,7 +176,15 @@ async def test_app_rides_out_a_redis_restart(
     # appendfsync always: the coordinator's groups survive the SIGKILL below.
     with RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always")) as server:
         target = RedisTarget(server.url, cluster=False)
-        coordinator = coordinator_factory(target)
+        # Heartbeats every second (assignment lease 2 s): a read is in flight
+        # when Redis dies, so its failure starts the 0.5 s release clock well
+        # before the lease runs out.  With the 200 ms default (a 400 ms lease)
+        # a late heartbeat under load could park every read for lack of lease
+        # first; the member then stops reading without noticing Redis is gone
+        # (safe, but not the path this test follows).
+        coordinator = coordinator_factory(
+            target, heartbeat_interval_ms=1_000, member_lease_ttl_ms=5_000
+        )
         admin = Admin(coordinator)
         prefix, group = f"restart-{uuid.uuid4().hex[:8]}", "billing"
         await admin.create_group(prefix, group, SHARDS)
