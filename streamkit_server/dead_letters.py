@@ -25,6 +25,7 @@ from typing import Final
 
 from streamkit.consumer.dead_letter import DeadLetter, read_dead_letters, replay
 from streamkit.consumer.failure import X_ORIGINAL_STREAM, dead_letter_key
+from streamkit.numerals import ascii_uint
 from streamkit.publisher.publisher import PublishResult
 from streamkit.routing import shard_for_key, stream_key
 from streamkit_server.core import GroupMetadata
@@ -75,9 +76,9 @@ def routed_stream(group: GroupMetadata, partition_key: str) -> tuple[int, str]:
 def original_shard(group: GroupMetadata, stream: str) -> int | None:
     """The shard of ``stream`` if it is a shard of the group's current layout, else None."""
     head, _, tail = stream.rpartition(":")
-    if head != group.stream_prefix or not (tail.isascii() and tail.isdigit()):
+    shard = ascii_uint(tail)
+    if head != group.stream_prefix or shard is None:
         return None
-    shard = int(tail)
     return shard if shard in group.layout else None
 
 

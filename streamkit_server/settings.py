@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from streamkit.numerals import ascii_uint
 from streamkit_server.core import MAX_SHARD_COUNT, CoordinatorConfig
 from streamkit_server.principals import PrincipalEntry, parse_principals
 
@@ -128,9 +129,8 @@ class ServerSettings(BaseSettings):
             return None
         host, sep, port_text = self.metrics_listen.rpartition(":")
         host = host.removeprefix("[").removesuffix("]")
-        # isascii: "¹" and other Unicode digits pass isdigit() but not int().
-        port_ok = port_text.isascii() and port_text.isdigit() and int(port_text) <= 65_535
-        if not sep or not host or not port_ok:
+        port = ascii_uint(port_text, 65_535)
+        if not sep or not host or port is None:
             raise ValueError("STREAMKIT_SERVER_METRICS_LISTEN must be host:port")
         try:
             loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
@@ -143,7 +143,7 @@ class ServerSettings(BaseSettings):
                 "STREAMKIT_SERVER_METRICS_LISTEN must be a loopback address (it serves "
                 "/metrics without credentials); scrape the main port with READ instead"
             )
-        return host, int(port_text)
+        return host, port
 
     def coordinator_config(self) -> CoordinatorConfig:
         return CoordinatorConfig(

@@ -32,6 +32,7 @@ from streamkit.consumer.failure import (
     X_ORIGINAL_ID,
     X_ORIGINAL_STREAM,
 )
+from streamkit.numerals import ascii_uint
 from streamkit.publisher.publisher import PAYLOAD_FIELD, PublishResult
 
 __all__ = ["DeadLetter", "ReplayOutcome", "read_dead_letters", "replay"]
@@ -162,7 +163,7 @@ async def replay(
 def _int(text: str) -> int:
     # Anyone can XADD to a dead-letter stream: a listing must survive an entry
     # whose metadata is not a number (0: unknown).
-    return int(text) if text.isascii() and text.isdigit() else 0
+    return ascii_uint(text) or 0
 
 
 def _text(value: Any) -> str:

@@ -15,6 +15,7 @@ import anyio
 from anyio.abc import SocketStream, TaskStatus
 
 from streamkit.consumer.lifecycle import monotonic_ms
+from streamkit.numerals import ascii_uint
 
 if TYPE_CHECKING:
     from streamkit.app import StreamKit
@@ -30,11 +31,10 @@ _READ_TIMEOUT_S: Final = 5.0
 def parse_address(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9000`` for IPv6) -> (host, port); ValueError if malformed."""
     host, sep, port_text = value.rpartition(":")
-    # isascii: "¹" and other Unicode digits pass isdigit() but not int().
-    port_ok = port_text.isascii() and port_text.isdigit() and 0 <= int(port_text) <= 65535
-    if not sep or not host or not port_ok:
+    port = ascii_uint(port_text, 65_535)
+    if not sep or not host or port is None:
         raise ValueError(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]"), int(port_text)
+    return host.strip("[]"), port
 
 
 def ready(app: StreamKit) -> tuple[bool, str]:

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
+from streamkit.numerals import ascii_uint
 from streamkit.protocol import API_PREFIX, StreamMessagePageDirection
 from streamkit_server.api import monitoring
 from streamkit_server.api.deps import AUTHORIZE, Caller, keys_for
@@ -124,9 +125,8 @@ async def message_rows(
     keys = _keys(request, stream_prefix, consumer_group)
     if shard_index == "ALL":
         shards = sorted((await monitoring.load_group(request, keys)).known_shards())
-    # isascii: "¹" and other Unicode digits pass isdigit() but not int().
-    elif shard_index.isascii() and shard_index.isdigit() and int(shard_index) <= 2**31 - 1:
-        shards = [int(shard_index)]
+    elif (shard := ascii_uint(shard_index, 2**31 - 1)) is not None:
+        shards = [shard]
     else:
         raise ApiError(400, "INVALID_REQUEST", "shardIndex must be a shard number or ALL")
     rows: list[dict[str, Any]] = []
