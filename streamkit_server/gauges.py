@@ -26,13 +26,25 @@ class GroupGauges:
 
 
 def group_gauges(group: GroupMetadata, now_ms: int) -> GroupGauges:
-    live = [group.members[m] for m in group.live_member_ids()]
-    oldest = min((m.last_heartbeat_ms for m in live), default=now_ms)
-    revoking = {m: group.revoking_from(m) for m in group.live_member_ids()}
-    pending = sum(len(group.pending_for(m)) for m in group.live_member_ids())
+    # One pass over members and one over shards: the tick loop computes this
+    # for every group every second (``GroupMetadata.revoking_from`` and
+    # ``pending_for`` per member would cost members x shards).
+    live = {m for m, meta in group.members.items() if meta.live}
+    oldest = min((group.members[m].last_heartbeat_ms for m in live), default=now_ms)
+    revoking_owners: set[str] = set()
+    revoking = pending = 0
+    target = group.target
+    for shard, owner in group.owners.items():
+        if owner in live and target.get(shard) != owner:
+            revoking += 1
+            revoking_owners.add(owner)
+    owners = group.owners
+    for shard, wanted in target.items():
+        if wanted in live and owners.get(shard) != wanted:
+            pending += 1
     return GroupGauges(
         heartbeat_age_seconds=max(0, now_ms - oldest) / 1000,
-        revoke_pending=sum(1 for shards in revoking.values() if shards),
-        revoking_shards=sum(len(shards) for shards in revoking.values()),
+        revoke_pending=len(revoking_owners),
+        revoking_shards=revoking,
         pending_shards=pending,
     )

@@ -47,28 +47,34 @@ return -1
 """
 
 
-# KEYS[1] counter; ARGV: window ms, cost (>= 0).  Adds cost, returns
-# {count, remaining ms of the window}: a process's batch of counted events.
-_ADD: Final = """
-local count = redis.call('INCRBY', KEYS[1], ARGV[2])
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]); ttl = tonumber(ARGV[1]) end
-return {count, ttl}
-"""
-
-#: How late a process adds its events to a batched (``check_batched``) counter.
+#: The least time between two flushes of the batched (``check_batched``)
+#: counters; one flush carries every counter due, in one pipeline.
 FLUSH_INTERVAL_MS: Final = 50
+#: A counter far from its limit is shared at least this often.
+SHARE_INTERVAL_MS: Final = 1_000
+#: A counter is due sooner once its unshared events reach this fraction of
+#: what its limit has left: the closer to the limit, the more often.
+_HEADROOM_SHARE: Final = 8
 
 
 @dataclass(slots=True)
 class _Share:
     """This process's view of one batched counter."""
 
-    known: int  # the fleet's count at the last flush (this process's included)
-    pending: int  # counted here since, not yet added in Redis
+    limit: int
+    window_ms: int
     window_end_ms: float  # local monotonic clock
-    flush_due_ms: float
-    flushing: bool = False
+    known: int = 0  # the fleet's count at the last flush (this process's included)
+    pending: int = 0  # counted here since, not yet added in Redis
+    sending: int = 0  # of ``pending``, what a flush still out is adding
+    shared_ms: float = 0.0  # when a flush last took this counter
+
+    def due(self, now: float) -> bool:
+        unsent = self.pending - self.sending
+        if unsent <= 0:
+            return False
+        headroom = self.limit - self.known - self.pending
+        return unsent * _HEADROOM_SHARE >= headroom or now - self.shared_ms >= SHARE_INTERVAL_MS
 
 
 class RateLimited(CoordinatorError):
@@ -81,10 +87,13 @@ class RateLimited(CoordinatorError):
 
 class RateLimiter:
     def __init__(self, client: RedisClient, key_prefix: str) -> None:
+        self._client = client
         self._script: AsyncScript = client.register_script(_WINDOW)
-        self._add: AsyncScript = client.register_script(_ADD)
         self._prefix = f"{key_prefix}:ratelimit"
         self._shares: dict[str, _Share] = {}
+        self._flush_due_ms = 0.0  # the first batched event learns the fleet's counts
+        self._flushed_ms = 0.0
+        self._flushing = False
 
     async def check(
         self, kind: str, ident: str, *, window_ms: int, limit: int, cost: int = 1
@@ -112,12 +121,17 @@ class RateLimiter:
         """Count one event against a limit shared by the fleet, without a round trip each.
 
         For the hottest path (heartbeats): the decision uses the fleet's count
-        as of this process's last flush plus what this process counted since;
-        the request that finds a flush due (every ``FLUSH_INTERVAL_MS``) adds
-        this process's events to the shared counter and learns the fleet's
-        count. One process limits exactly; a fleet of N processes can admit
-        up to what the other N - 1 admit in one flush interval beyond the
-        limit, which is what a guard against runaway clients can allow.
+        as of this process's last flush plus what this process counted since.
+        The first event of a window learns the fleet's count before deciding.
+        After that a counter is shared when its unshared events reach an
+        eighth of what the limit has left, and at least every
+        ``SHARE_INTERVAL_MS``; one flush (at most every ``FLUSH_INTERVAL_MS``)
+        carries every counter due, in one pipeline.  A coordinator serving
+        many healthy groups, far below their limits, so pays about one round
+        trip per second, not one per heartbeat.  One process limits exactly;
+        a fleet of N processes can admit beyond the limit what the other
+        N - 1 have not shared yet, at most an eighth of the headroom each:
+        what a guard against runaway clients can allow.
         """
         if limit <= 0:
             return
@@ -127,30 +141,64 @@ class RateLimiter:
         if share is None or now >= share.window_end_ms:
             if len(self._shares) > 10_000:  # windows ended long ago: drop them
                 self._shares = {k: v for k, v in self._shares.items() if v.window_end_ms > now}
-            share = self._shares[key] = _Share(0, 0, now + window_ms, now)
-        if now >= share.flush_due_ms and not share.flushing:
-            # Add this process's events and learn the fleet's count before
-            # deciding (the first event of a window learns it too).
-            await self._flush(key, share, window_ms, now)
+            share = self._shares[key] = _Share(limit, window_ms, now + window_ms)
+            # Learn the fleet's count of this window first, even while another
+            # flush is out (that one does not carry this counter).
+            await self._flush(now, share)
+        elif (
+            now >= self._flush_due_ms
+            and not self._flushing
+            and (share.due(now) or now - self._flushed_ms >= SHARE_INTERVAL_MS)
+        ):
+            # This counter is due, or others may be: quiet groups' events are
+            # shared within about a second of any traffic.
+            self._flushing = True
+            try:
+                await self._flush(now)
+            finally:
+                self._flushing = False
         if share.known + share.pending >= limit:
             seconds = max(1, -(-int(share.window_end_ms - now) // 1000))
             raise RateLimited(f"too many {kind} requests; retry in {seconds} s", seconds)
         share.pending += 1
 
-    async def _flush(self, key: str, share: _Share, window_ms: int, now: float) -> None:
-        share.flushing = True
-        share.flush_due_ms = now + FLUSH_INTERVAL_MS
-        added = share.pending
+    async def _flush(self, now: float, new: _Share | None = None) -> None:
+        """Add the due counters' events in Redis (and ``new``'s 0); learn their counts."""
+        self._flush_due_ms = now + FLUSH_INTERVAL_MS
+        self._flushed_ms = now
+        batch = [(k, v, v.pending - v.sending) for k, v in self._shares.items()
+                 if v is new or v.due(now)]  # fmt: skip
+        pipe = self._client.pipeline(transaction=False)
+        for key, share, added in batch:
+            # Another flush may still be adding earlier events: only the rest.
+            share.sending += added
+            share.shared_ms = now
+            # Plain commands, no script: a cluster pipeline splits them by node.
+            pipe.incrby(key, added)
+            pipe.pexpire(key, share.window_ms, nx=True)  # a new window's first add
+            pipe.pttl(key)
         try:
             async with asyncio.timeout(_TIMEOUT_S):
-                count, ttl = await self._add(keys=[key], args=[window_ms, added])
+                replies = await pipe.execute(raise_on_error=False)
         except (RedisError, OSError, TimeoutError) as exc:
             # Fail open, as ``check`` does; the events stay counted here and
-            # go with the next flush.
-            log.warning("rate limit %s not shared: %s", key, type(exc).__name__)
-            return
+            # go with a later flush.
+            log.warning("rate limits not shared: %s", type(exc).__name__)
+            replies = [exc] * (3 * len(batch))
         finally:
-            share.flushing = False
-        share.pending -= added
-        share.known = int(count)
-        share.window_end_ms = time.monotonic() * 1000 + int(ttl)
+            for _key, share, added in batch:
+                share.sending -= added
+        done = time.monotonic() * 1000
+        failed = 0
+        for i, (_key, share, added) in enumerate(batch):
+            count, _, ttl = replies[3 * i : 3 * i + 3]
+            if isinstance(count, BaseException) or isinstance(ttl, BaseException):
+                failed += 1  # Redis (or one cluster node) down: still pending
+                continue
+            share.pending -= added
+            share.known = int(count)
+            # -1/-2: the key lost its expiry or expired in between; a new window.
+            ttl_ms = int(ttl) if int(ttl) > 0 else share.window_ms
+            share.window_end_ms = done + ttl_ms
+        if failed and failed < len(batch):
+            log.warning("%d of %d rate limits not shared", failed, len(batch))

@@ -27,6 +27,7 @@ from streamkit_server.api.audit import AuditMiddleware
 from streamkit_server.api.console import mount_console
 from streamkit_server.api.deps import authorize
 from streamkit_server.api.errors import BodyLimitMiddleware, install_error_handlers
+from streamkit_server.api.heartbeat_path import HeartbeatPath
 from streamkit_server.api.links import add_links
 from streamkit_server.api.runtime import Runtime
 from streamkit_server.settings import ServerSettings
@@ -91,6 +92,8 @@ def create_app(
     )
     app.state.runtime = runtime
     install_error_handlers(app)
+    # Innermost: heartbeats are still capped, audited and timed (see its docstring).
+    app.add_middleware(HeartbeatPath, runtime=runtime)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     # Outermost, so it also sees the body limit's 413s.
     app.add_middleware(AuditMiddleware)

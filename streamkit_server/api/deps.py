@@ -23,8 +23,10 @@ __all__ = [
     "group_keys",
     "login_guard",
     "optional_principal",
+    "rate_limit_member",
     "route_key",
     "runtime",
+    "verified_principal",
 ]
 
 
@@ -66,18 +68,24 @@ async def optional_principal(request: Request) -> Principal | None:
     if tried is not None:
         await login_guard(request, tried, failed=False)
     try:
-        principal = rt.authenticator.authenticate(header)
+        principal = await verified_principal(rt, header)
     except AuthError:
         if tried is not None:
             await login_guard(request, tried, failed=True)
         raise
+    if principal is not None:
+        request.state.principal = principal
+    return principal
+
+
+async def verified_principal(rt: Runtime, authorization: str | None) -> Principal | None:
+    """The principal of an ``Authorization`` header; AuthError if invalid or revoked."""
+    principal = rt.authenticator.authenticate(authorization)
     if principal is not None and principal.token_version is not None:
         # One HGET per bearer request: a revoke is seen by every process at once.
         version = await current_version(rt.client, rt.settings.key_prefix, principal.username)
         if principal.token_version != version:
             raise AuthError("bearer token has been revoked; log in again", bearer_error=True)
-    if principal is not None:
-        request.state.principal = principal
     return principal
 
 
@@ -123,15 +131,23 @@ async def _rate_limit(request: Request, role: Role, principal: Principal) -> Non
     elif role is Role.MEMBER:
         prefix = str(request.path_params.get("streamPrefix", ""))
         group = str(request.path_params.get("consumerGroup", ""))
-        # Valid names only: a counter key per invalid name would be client-chosen.
-        validate_stream_prefix(prefix)
-        validate_consumer_group(group)
-        # Batched: the fleet-wide count is shared every few milliseconds, not
-        # one round trip per heartbeat (see RateLimiter.check_batched).
-        await rt.limiter.check_batched(
-            "heartbeat", f"{prefix}/{group}", window_ms=settings.heartbeat_interval_ms,
-            limit=settings.heartbeat_rate_multiple * settings.max_members_per_group,
-        )  # fmt: skip
+        await rate_limit_member(rt, prefix, group)
+
+
+async def rate_limit_member(rt: Runtime, prefix: str, group: str) -> None:
+    """Count a heartbeat against its group's limit (RateLimited when over)."""
+    if rt.limiter is None:
+        return
+    settings = rt.settings
+    # Valid names only: a counter key per invalid name would be client-chosen.
+    validate_stream_prefix(prefix)
+    validate_consumer_group(group)
+    # Batched: the fleet-wide count is shared every few milliseconds, not
+    # one round trip per heartbeat (see RateLimiter.check_batched).
+    await rt.limiter.check_batched(
+        "heartbeat", f"{prefix}/{group}", window_ms=settings.heartbeat_interval_ms,
+        limit=settings.heartbeat_rate_multiple * settings.max_members_per_group,
+    )  # fmt: skip
 
 
 async def _caller(request: Request) -> Principal:

@@ -1,0 +1,197 @@
+"""The heartbeat route's plain case, answered without FastAPI's per-request work.
+
+Heartbeats are nearly every request a coordinator serves.  Through FastAPI
+each one pays for route matching over every route, the dependency solver,
+the exception and exit-stack middlewares and a ``Response`` object: about a
+fifth of the coordinator's CPU per heartbeat (docs/performance.md).  This
+ASGI middleware answers the plain case itself (a Bearer token or the
+insecure member switch, a JSON body that validates) with the same rules in
+the same order: authenticate, authorize, validate names, count against the
+rate limit, then ``CoordinatorService.heartbeat``.
+
+Everything else goes to the FastAPI route, which stays the contract (it is
+what the OpenAPI document describes): Basic credentials, failed
+authentication, invalid names or bodies.  It is handed the request exactly
+as received (the body is replayed), and nothing has been counted or written
+for it yet, so the answer is the route's own.  Errors past that point (a
+rate limit, a refusal of the core, Redis down) are rendered by the app's
+exception handlers, the ones the route would have used.
+
+It sits inside the request-metrics, audit and body-limit middlewares, so
+heartbeats are timed, refusals audited and bodies capped as before.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from streamkit.protocol import API_PREFIX, HeartbeatAnswer
+from streamkit_server.api import members
+from streamkit_server.api.bodies import HeartbeatRequest
+from streamkit_server.api.deps import rate_limit_member, verified_principal
+from streamkit_server.api.runtime import Runtime
+from streamkit_server.errors import Rejected
+from streamkit_server.provisioning import (
+    validate_consumer_group,
+    validate_member_id,
+    validate_stream_prefix,
+)
+from streamkit_server.security import AuthError, Principal, Role
+
+__all__ = ["HEARTBEAT_OPERATION", "HeartbeatPath"]
+
+HEARTBEAT_OPERATION = "sendConsumerHeartbeat"
+
+# Starlette matches a ``{name}`` path segment as ``[^/]+`` of the decoded path.
+_PATH = re.compile(
+    rf"{re.escape(API_PREFIX)}/streams/([^/]+)/groups/([^/]+)/members/([^/]+)/heartbeat"
+)
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class _Fallback(Exception):
+    """Not the plain case: the FastAPI route answers (nothing counted yet)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason  # the label of ``heartbeat_full_route_total``
+
+
+class HeartbeatPath:
+    def __init__(self, app: ASGIApp, runtime: Runtime) -> None:
+        self.app = app
+        self.runtime = runtime
+        # The route FastAPI would have matched: metrics and the audit label by it.
+        (self._route,) = (
+            r
+            for r in members.router.routes
+            if isinstance(r, APIRoute) and r.operation_id == HEARTBEAT_OPERATION
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+            await self.app(scope, receive, send)
+            return
+        match = _PATH.fullmatch(scope["path"])
+        if match is None:
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await _read_body(receive)  # the body limit may raise its 413
+            await self._answer(scope, match, body, send)
+        except _Fallback as fallback:
+            self.runtime.metrics.heartbeats_routed.labels(fallback.reason).inc()
+            await self.app(scope, _replay(body, receive), send)
+        except Exception as exc:
+            await _render(scope, receive, send, exc)
+
+    async def _answer(self, scope: Scope, match: re.Match[str], body: bytes, send: Send) -> None:
+        prefix, group, member_id = match.groups()
+        headers = _headers(scope)
+        principal = await self._caller(headers.get(b"authorization"))
+        if not _is_json(headers.get(b"content-type")):
+            raise _Fallback("invalid_request")
+        try:
+            # The route's order: names before the rate limit counts anything.
+            validate_stream_prefix(prefix)
+            validate_consumer_group(group)
+            request = HeartbeatRequest.model_validate_json(body)
+            validate_member_id(member_id)
+        except (Rejected, ValidationError):
+            raise _Fallback("invalid_request") from None
+        params = {"streamPrefix": prefix, "consumerGroup": group, "memberId": member_id}
+        scope["path_params"] = params
+        scope["route"] = self._route
+        scope["endpoint"] = self._route.endpoint
+        if principal is not None:
+            scope.setdefault("state", {})["principal"] = principal
+        rt = self.runtime
+        if principal is not None:  # the insecure member switch skips the limit too
+            await rate_limit_member(rt, prefix, group)
+        service = rt.service
+        decided = await service.heartbeat(service.keys(prefix, group), member_id, request)
+        answer = HeartbeatAnswer.model_construct(
+            **dict(decided), member_lease_ttl_ms=service.config.member_lease_ttl_ms
+        )
+        await _send_json(send, 200, answer.model_dump_json(by_alias=True).encode())
+
+    async def _caller(self, authorization: bytes | None) -> Principal | None:
+        """The member calling, when no failure needs the route's answer."""
+        rt = self.runtime
+        if rt.settings.insecure_member_api:
+            return None  # the unsafe switch, warned at start-up
+        if authorization is None or not authorization[:7].lower() == b"bearer ":
+            # Basic has a login limiter to consult: the route does that.
+            raise _Fallback("not_bearer")
+        try:
+            principal = await verified_principal(rt, authorization.decode("latin-1"))
+        except AuthError:
+            raise _Fallback("refused") from None
+        if principal is None or Role.MEMBER not in principal.roles:
+            raise _Fallback("refused")
+        return principal
+
+
+def _headers(scope: Scope) -> dict[bytes, bytes]:
+    # ASGI header names are lower-case; the first of a repeated header wins,
+    # as with Starlette's ``Headers.get``.
+    found: dict[bytes, bytes] = {}
+    for name, value in scope["headers"]:
+        found.setdefault(name, value)
+    return found
+
+
+def _is_json(content_type: bytes | None) -> bool:
+    if content_type is None:
+        return False
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json"
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break  # a disconnect: the route sees the same when it reads
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replaying() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replaying
+
+
+async def _send_json(send: Send, status: int, body: bytes) -> None:
+    headers = [(b"content-length", str(len(body)).encode()), *_JSON_HEADERS]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _render(scope: Scope, receive: Receive, send: Send, exc: Exception) -> None:
+    """Answer ``exc`` with the handler the app registered for it (api/errors.py)."""
+    handlers: dict[Any, Any] = scope["app"].exception_handlers
+    for cls in type(exc).__mro__:
+        handler = handlers.get(cls)
+        if handler is not None:
+            response = await handler(Request(scope, receive), exc)
+            await response(scope, receive, send)
+            return
+    raise exc  # pragma: no cover - api/errors.py registers a handler for Exception

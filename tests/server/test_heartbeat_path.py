@@ -1,0 +1,228 @@
+"""The lean heartbeat path (api/heartbeat_path.py) answers as the FastAPI route does.
+
+Bearer heartbeats take the lean path; Basic ones take the route.  The same
+sequence of requests, sent to two identical groups, one through each, must
+get the same answers: statuses, bodies, retry and challenge headers, rate
+limits included (the coordinator here allows 12 heartbeats per group per
+window, so longer sequences reach it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamkit.protocol import API_PREFIX
+from streamkit.testing import RedisServer, RedisTarget
+from streamkit.testing.coordinator import CoordinatorProcess
+from tests.coordinator_fixtures import CoordinatorPool
+
+pytestmark = pytest.mark.redis
+
+PREFIX = "hbpath"
+LIMIT = 12  # heartbeats per group per window (rate multiple 1 x 12 members)
+
+
+@dataclass
+class Served:
+    coordinator: CoordinatorProcess
+    http: httpx.Client
+    bearer: dict[str, str]
+
+    def create_group(self, group: str) -> None:
+        body = {"requestedBy": "tests", "reason": "tests", "initialShardCount": 4}
+        r = self.http.post(
+            f"{API_PREFIX}/streams/{PREFIX}/groups/{group}",
+            json=body,
+            auth=self.coordinator.admin_auth,
+        )
+        assert r.status_code == 201, r.text
+
+    def full_route_count(self, reason: str) -> float:
+        text = self.http.get("/metrics", auth=self.coordinator.admin_auth).text
+        name = "redis_stream_coord_heartbeat_full_route_total"
+        found = re.search(rf'^{name}{{reason="{reason}"}} (\S+)$', text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+
+@pytest.fixture(scope="module")
+def served(redis_server: RedisServer, coordinator_pool: CoordinatorPool) -> Iterator[Served]:
+    # Intervals long enough that no lease or rebalance timer runs out between
+    # the two copies of a step: only the requests decide the answers.
+    coordinator = coordinator_pool.get(
+        RedisTarget(url=redis_server.url, cluster=False),
+        heartbeat_interval_ms=10_000,
+        member_lease_ttl_ms=60_000,
+        rebalance_timeout_ms=60_000,
+        env={
+            "STREAMKIT_SERVER_HEARTBEAT_RATE_MULTIPLE": "1",
+            "STREAMKIT_SERVER_MAX_MEMBERS_PER_GROUP": str(LIMIT),
+        },
+    )
+    with httpx.Client(base_url=coordinator.url, timeout=15) as http:
+        login = http.post(f"{API_PREFIX}/auth/login", auth=coordinator.admin_auth)
+        assert login.status_code == 200, login.text
+        bearer = {"authorization": f"Bearer {login.json()['accessToken']}"}
+        yield Served(coordinator, http, bearer)
+
+
+@dataclass
+class Member:
+    epoch: int = 0
+    owned: list[int] = field(default_factory=list)
+
+
+def _body(member_id: str, epoch: int, owned: list[int]) -> dict[str, Any]:
+    return {
+        "protocolVersion": 1,
+        "requestId": f"r-{uuid.uuid4().hex[:8]}",
+        "memberId": member_id,
+        "memberEpoch": epoch,
+        "metadataVersion": 0,
+        "runtimeConsumerCapacity": {"maxConcurrentShards": 4},
+        "ownedShards": owned,
+        "revokingShards": [],
+        "shardProgress": [],
+        "incarnation": f"inc-{member_id}",
+    }
+
+
+# One step: which member, and what it sends.
+_KINDS = [
+    "heartbeat",  # its current epoch, reporting what it was assigned
+    "join",
+    "leave",
+    "stale_epoch",
+    "future_epoch",
+    "other_incarnation",
+    "malformed_json",
+    "missing_field",
+    "wrong_type",
+    "text_plain",
+    "unknown_group",
+    "bad_member_id",
+    "bad_group_name",
+]
+# Weighted towards a group at work: members join, then heartbeat steadily.
+_WEIGHTED = ["heartbeat"] * 6 + ["join"] * 3 + _KINDS
+steps = st.lists(st.tuples(st.integers(0, 2), st.sampled_from(_WEIGHTED)), min_size=1, max_size=18)
+
+
+def _request(kind: str, group: str, member_id: str, member: Member) -> tuple[str, bytes, str]:
+    """(path, body, content type) of one step against ``group``."""
+    path_group, path_member = group, member_id
+    body: dict[str, Any] | None = _body(member_id, member.epoch, member.owned)
+    raw: bytes | None = None
+    content_type = "application/json"
+    if kind == "join":
+        body = _body(member_id, 0, [])
+    elif kind == "leave":
+        body = _body(member_id, -1, [])
+    elif kind == "stale_epoch":
+        body = _body(member_id, max(1, member.epoch - 1), member.owned)
+    elif kind == "future_epoch":
+        body = _body(member_id, member.epoch + 5, member.owned)
+    elif kind == "other_incarnation":
+        body = {**_body(member_id, 0, []), "incarnation": "inc-intruder"}
+    elif kind == "malformed_json":
+        raw = b'{"protocolVersion": 1,'
+    elif kind == "missing_field":
+        body = {k: v for k, v in _body(member_id, 0, []).items() if k != "memberEpoch"}
+    elif kind == "wrong_type":
+        body = {**_body(member_id, 0, []), "memberEpoch": "one"}
+    elif kind == "text_plain":
+        content_type = "text/plain"
+    elif kind == "unknown_group":
+        path_group = f"{group}-missing"
+    elif kind == "bad_member_id":
+        path_member = "x" * 300
+    elif kind == "bad_group_name":
+        path_group = "bad name!"
+    if raw is None:
+        raw = json.dumps(body).encode()
+    path = f"{API_PREFIX}/streams/{PREFIX}/groups/{path_group}/members/{path_member}/heartbeat"
+    return path, raw, content_type
+
+
+def _answer(response: httpx.Response, group: str) -> tuple[Any, ...]:
+    text = response.text.replace(group, "GROUP")
+    try:
+        body: Any = json.loads(text)
+    except ValueError:
+        body = text
+    if isinstance(body, dict):
+        body.pop("responseTo", None)  # echoes the request id, drawn per request
+    headers = {h: response.headers.get(h) for h in ("content-type", "retry-after")}
+    return response.status_code, body, headers
+
+
+def _learn(member: Member, response: httpx.Response) -> None:
+    if response.status_code != 200:
+        return
+    answer = response.json()
+    if answer.get("memberEpoch", 0) > 0:
+        member.epoch = answer["memberEpoch"]
+    assigned = answer.get("assignment") or {}
+    member.owned = sorted(assigned.get("shards", member.owned)) if assigned else member.owned
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(steps)
+def test_the_lean_path_answers_as_the_route(served: Served, sequence: list[Any]) -> None:
+    run = uuid.uuid4().hex[:8]
+    groups = {"lean": f"lean-{run}", "route": f"route-{run}"}
+    for group in groups.values():
+        served.create_group(group)
+    members = {side: [Member() for _ in range(3)] for side in groups}
+    routed_before = served.full_route_count("not_bearer")
+    basic = 0
+    for index, kind in sequence:
+        answers = {}
+        for side, group in groups.items():
+            member = members[side][index]
+            path, raw, content_type = _request(kind, group, f"m{index}", member)
+            headers = {"content-type": content_type}
+            if side == "lean":
+                headers.update(served.bearer)
+                auth = None
+            else:
+                auth = served.coordinator.member_auth
+                basic += 1
+            response = served.http.post(path, content=raw, headers=headers, auth=auth)
+            assert response.status_code != 500, response.text
+            answers[side] = _answer(response, group)
+            _learn(member, response)
+        assert answers["lean"] == answers["route"], (kind, answers)
+    # Every Basic heartbeat took the route, no Bearer one did: the lean side
+    # really was the lean path.
+    assert served.full_route_count("not_bearer") - routed_before == basic
+
+
+def test_invalid_bearer_heartbeats_get_the_routes_answer(served: Served) -> None:
+    group = f"auth-{uuid.uuid4().hex[:8]}"
+    served.create_group(group)
+    path = f"{API_PREFIX}/streams/{PREFIX}/groups/{group}/members/m0/heartbeat"
+    refused_before = served.full_route_count("refused")
+    body = _body("m0", 0, [])
+    bad = served.http.post(path, json=body, headers={"authorization": "Bearer not-a-token"})
+    assert bad.status_code == 401
+    assert bad.json()["errorCode"] == "UNAUTHORIZED"
+    assert "Bearer" in bad.headers["www-authenticate"]
+    assert served.full_route_count("refused") == refused_before + 1
+    # And a valid one is answered, by the lean path.
+    ok = served.http.post(path, json=body, headers=served.bearer)
+    assert ok.status_code == 200, ok.text
+    assert served.full_route_count("refused") == refused_before + 1
