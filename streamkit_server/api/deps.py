@@ -142,8 +142,8 @@ async def rate_limit_member(rt: Runtime, prefix: str, group: str) -> None:
     # Valid names only: a counter key per invalid name would be client-chosen.
     validate_stream_prefix(prefix)
     validate_consumer_group(group)
-    # Batched: the fleet-wide count is shared every few milliseconds, not
-    # one round trip per heartbeat (see RateLimiter.check_batched).
+    # Batched: the fleet-wide count is shared in batches (about once a second
+    # far from the limit), not one round trip per heartbeat (check_batched).
     await rt.limiter.check_batched(
         "heartbeat", f"{prefix}/{group}", window_ms=settings.heartbeat_interval_ms,
         limit=settings.heartbeat_rate_multiple * settings.max_members_per_group,

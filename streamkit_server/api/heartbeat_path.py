@@ -82,16 +82,21 @@ class HeartbeatPath:
         if match is None:
             await self.app(scope, receive, send)
             return
+        body = b""
         try:
             body = await _read_body(receive)  # the body limit may raise its 413
-            await self._answer(scope, match, body, send)
+            answer = await self._answer(scope, match, body)
         except _Fallback as fallback:
             self.runtime.metrics.heartbeats_routed.labels(fallback.reason).inc()
             await self.app(scope, _replay(body, receive), send)
+            return
         except Exception as exc:
             await _render(scope, receive, send, exc)
+            return
+        await _send_json(send, 200, answer)
 
-    async def _answer(self, scope: Scope, match: re.Match[str], body: bytes, send: Send) -> None:
+    async def _answer(self, scope: Scope, match: re.Match[str], body: bytes) -> bytes:
+        """The answer's JSON; ``_Fallback`` before anything is counted or written."""
         prefix, group, member_id = match.groups()
         headers = _headers(scope)
         principal = await self._caller(headers.get(b"authorization"))
@@ -119,7 +124,7 @@ class HeartbeatPath:
         answer = HeartbeatAnswer.model_construct(
             **dict(decided), member_lease_ttl_ms=service.config.member_lease_ttl_ms
         )
-        await _send_json(send, 200, answer.model_dump_json(by_alias=True).encode())
+        return answer.model_dump_json(by_alias=True).encode()
 
     async def _caller(self, authorization: bytes | None) -> Principal | None:
         """The member calling, when no failure needs the route's answer."""
