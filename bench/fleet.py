@@ -24,6 +24,11 @@ Reports:
   processes from /proc/<pid>/stat over the measurement), and what it means at
   the default 3 s interval: members served per coordinator core
   (3 s / CPU per heartbeat);
+* the coordinators' CPU at rest for 5 s after the loop (every member still
+  alive: tick passes over every group, the limiter, metrics), and from it the
+  same fleet at its real pace: that fixed cost plus each heartbeat's own (the
+  loop's CPU less the fixed cost, per heartbeat) x members / 3 s, as cores
+  and as members per core;
 * p50/p99 latency of the closed loop (a request's time in its pipeline);
 * that no shard ever had two readers, checked from the responses: a member
   reads a shard from the OK answer that assigns it until an answer takes it
@@ -54,6 +59,7 @@ from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
 
 LEASE_MS = 600_000
+IDLE_S = 5.0
 SETTINGS = {
     "heartbeat_interval_ms": 3000,
     # Long enough that a member is never expired while the closed loop gets
@@ -244,6 +250,12 @@ def _scenario(redis: RedisServer, processes: int, args: argparse.Namespace) -> N
         cpu = sum(_cpu_seconds(p) for p in pids) - cpu0
         written = asyncio.run(_redis_input_bytes(redis.url)) - bytes0
         batches1 = asyncio.run(_batch_sizes(coords))
+        # The fleet at rest (the leases are long): what the coordinators spend
+        # per second without heartbeats (tick passes over every group, the
+        # limiter, metrics), a cost the closed loop spreads over its own rate.
+        idle0 = sum(_cpu_seconds(p) for p in pids)
+        time.sleep(IDLE_S)
+        idle = (sum(_cpu_seconds(p) for p in pids) - idle0) / IDLE_S
     finally:
         for proc, _conn in clients:
             proc.join(timeout=30)
@@ -271,6 +283,15 @@ def _scenario(redis: RedisServer, processes: int, args: argparse.Namespace) -> N
     print(f"  locked-path writes     {sum(locked.values()) / sections:8.1%} of critical sections "
           f"{dict(sorted(locked.items()))}")  # fmt: skip
     print(f"  members per coordinator core at 3 s interval: {3 / cpu_per_hb:,.0f}")
+    # The same fleet at its real pace: the fixed cost per second plus each
+    # heartbeat's own (the closed loop's CPU less the fixed cost, per heartbeat).
+    marginal = max(0.0, cpu - idle * elapsed) / max(1, count)
+    fleet = args.groups * args.members
+    needed = idle + fleet / 3 * marginal
+    print(f"  at rest (no heartbeats)  {idle:8.3f} cores busy; per heartbeat beyond that "
+          f"{marginal * 1000:.3f} ms")  # fmt: skip
+    print(f"  this fleet at 3 s interval: {needed:.2f} coordinator cores, "
+          f"{fleet / max(needed, 1e-9):,.0f} members per core")  # fmt: skip
     print(f"  two readers of one shard (from responses): {violations}")
     if violations:
         raise SystemExit("two readers observed")
