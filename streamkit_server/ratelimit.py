@@ -2,7 +2,8 @@
 
 One small Lua script implements a fixed-window counter per key: it adds
 ``cost`` (0 only reads) and answers how many milliseconds remain in the
-window when the count is above the limit, or -1.  Windows and limits come
+window when the count is above the limit, or -1.  Heartbeats, the hottest
+path, are counted here and shared in batches (``check_batched``).  Windows and limits come
 from settings; the defaults are far above what a healthy fleet sends (see
 docs/operations.md#rate-limits), so they only bite on brute force and
 runaway loops.
@@ -52,8 +53,8 @@ return -1
 FLUSH_INTERVAL_MS: Final = 50
 #: A counter far from its limit is shared at least this often.
 SHARE_INTERVAL_MS: Final = 1_000
-#: A counter is due sooner once its unshared events reach this fraction of
-#: what its limit has left: the closer to the limit, the more often.
+#: A counter is due sooner once its unshared events reach 1/_HEADROOM_SHARE
+#: of what its limit has left: the closer to the limit, the more often.
 _HEADROOM_SHARE: Final = 8
 
 
