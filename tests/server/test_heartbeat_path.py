@@ -78,16 +78,17 @@ def served(redis_server: RedisServer, coordinator_pool: CoordinatorPool) -> Iter
 @dataclass
 class Member:
     epoch: int = 0
-    owned: list[int] = field(default_factory=list)
+    version: int = 0
+    owned: list[Any] = field(default_factory=list)
 
 
-def _body(member_id: str, epoch: int, owned: list[int]) -> dict[str, Any]:
+def _body(member_id: str, epoch: int, owned: list[Any], version: int = 0) -> dict[str, Any]:
     return {
         "protocolVersion": 1,
         "requestId": f"r-{uuid.uuid4().hex[:8]}",
         "memberId": member_id,
         "memberEpoch": epoch,
-        "metadataVersion": 0,
+        "metadataVersion": version,
         "runtimeConsumerCapacity": {"maxConcurrentShards": 4},
         "ownedShards": owned,
         "revokingShards": [],
@@ -120,7 +121,7 @@ steps = st.lists(st.tuples(st.integers(0, 2), st.sampled_from(_WEIGHTED)), min_s
 def _request(kind: str, group: str, member_id: str, member: Member) -> tuple[str, bytes, str]:
     """(path, body, content type) of one step against ``group``."""
     path_group, path_member = group, member_id
-    body: dict[str, Any] | None = _body(member_id, member.epoch, member.owned)
+    body: dict[str, Any] | None = _body(member_id, member.epoch, member.owned, member.version)
     raw: bytes | None = None
     content_type = "application/json"
     if kind == "join":
@@ -128,9 +129,9 @@ def _request(kind: str, group: str, member_id: str, member: Member) -> tuple[str
     elif kind == "leave":
         body = _body(member_id, -1, [])
     elif kind == "stale_epoch":
-        body = _body(member_id, max(1, member.epoch - 1), member.owned)
+        body = _body(member_id, max(1, member.epoch - 1), member.owned, member.version)
     elif kind == "future_epoch":
-        body = _body(member_id, member.epoch + 5, member.owned)
+        body = _body(member_id, member.epoch + 5, member.owned, member.version)
     elif kind == "other_incarnation":
         body = {**_body(member_id, 0, []), "incarnation": "inc-intruder"}
     elif kind == "malformed_json":
@@ -171,8 +172,11 @@ def _learn(member: Member, response: httpx.Response) -> None:
     answer = response.json()
     if answer.get("memberEpoch", 0) > 0:
         member.epoch = answer["memberEpoch"]
-    assigned = answer.get("assignment") or {}
-    member.owned = sorted(assigned.get("shards", member.owned)) if assigned else member.owned
+    if answer.get("metadataVersion") is not None:
+        member.version = answer["metadataVersion"]
+    assignment = answer.get("assignment")
+    if assignment is not None:  # it reads what it is assigned, and reports it
+        member.owned = list(assignment["assignedShards"])
 
 
 @settings(
