@@ -3,8 +3,8 @@
 One small Lua script implements a fixed-window counter per key: it adds
 ``cost`` (0 only reads) and answers how many milliseconds remain in the
 window when the count is above the limit, or -1.  Heartbeats, the hottest
-path, are counted here and shared in batches (``check_batched``).  Windows and limits come
-from settings; the defaults are far above what a healthy fleet sends (see
+path, are counted in this process and shared in batches (``check_batched``).
+Windows and limits come from settings; the defaults are far above what a healthy fleet sends (see
 docs/operations.md#rate-limits), so they only bite on brute force and
 runaway loops.
 """
@@ -92,8 +92,7 @@ class RateLimiter:
         self._script: AsyncScript = client.register_script(_WINDOW)
         self._prefix = f"{key_prefix}:ratelimit"
         self._shares: dict[str, _Share] = {}
-        self._flush_due_ms = 0.0  # the first batched event learns the fleet's counts
-        self._flushed_ms = 0.0
+        self._flushed_ms = -float(SHARE_INTERVAL_MS)  # when the last flush started
         self._flushing = False
 
     async def check(
@@ -147,7 +146,7 @@ class RateLimiter:
             # flush is out (that one does not carry this counter).
             await self._flush(now, share)
         elif (
-            now >= self._flush_due_ms
+            now - self._flushed_ms >= FLUSH_INTERVAL_MS
             and not self._flushing
             and (share.due(now) or now - self._flushed_ms >= SHARE_INTERVAL_MS)
         ):
@@ -165,7 +164,6 @@ class RateLimiter:
 
     async def _flush(self, now: float, new: _Share | None = None) -> None:
         """Add the due counters' events in Redis (and ``new``'s 0); learn their counts."""
-        self._flush_due_ms = now + FLUSH_INTERVAL_MS
         self._flushed_ms = now
         batch = [(k, v, v.pending - v.sending) for k, v in self._shares.items()
                  if v is new or v.due(now)]  # fmt: skip

@@ -28,7 +28,13 @@ from streamkit_server.ratelimit import RateLimited
 from streamkit_server.security import AuthError
 from streamkit_server.store import StoreError
 
-__all__ = ["BodyLimitMiddleware", "error_response", "install_error_handlers", "is_command_refusal"]
+__all__ = [
+    "BodyLimitMiddleware",
+    "error_response",
+    "install_error_handlers",
+    "is_command_refusal",
+    "is_json",
+]
 
 log = logging.getLogger("streamkit_server.api")
 
@@ -112,7 +118,7 @@ async def _validation(request: Request, exc: Exception) -> JSONResponse:
         message += f" (and {len(errors) - 5} more)"
     content_type = request.headers.get("content-type", "")
     body_error = any(tuple(e.get("loc", ()))[:1] == ("body",) for e in errors)
-    if body_error and not _is_json(content_type):
+    if body_error and not is_json(content_type):
         # FastAPI does not parse a body declared as something else (curl -d
         # sends form encoding), so the real problem is the header.
         shown = f"{content_type!r}" if content_type else "none"
@@ -123,7 +129,8 @@ async def _validation(request: Request, exc: Exception) -> JSONResponse:
     return error_response(400, code, message)
 
 
-def _is_json(content_type: str) -> bool:
+def is_json(content_type: str) -> bool:
+    """A JSON media type, as FastAPI parses a body (``application/json``, ``*+json``)."""
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or media.endswith("+json")
 

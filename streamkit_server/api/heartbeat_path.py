@@ -28,13 +28,16 @@ from typing import Any
 
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamkit.protocol import API_PREFIX, HeartbeatAnswer
+from streamkit_server.access import required_role
 from streamkit_server.api import members
 from streamkit_server.api.bodies import HeartbeatRequest
 from streamkit_server.api.deps import rate_limit_member, verified_principal
+from streamkit_server.api.errors import is_json
 from streamkit_server.api.runtime import Runtime
 from streamkit_server.errors import Rejected
 from streamkit_server.provisioning import (
@@ -42,11 +45,9 @@ from streamkit_server.provisioning import (
     validate_member_id,
     validate_stream_prefix,
 )
-from streamkit_server.security import AuthError, Principal, Role
+from streamkit_server.security import AuthError, Principal
 
-__all__ = ["HEARTBEAT_OPERATION", "HeartbeatPath"]
-
-HEARTBEAT_OPERATION = "sendConsumerHeartbeat"
+__all__ = ["HeartbeatPath"]
 
 # Starlette matches a ``{name}`` path segment as ``[^/]+`` of the decoded path.
 _PATH = re.compile(
@@ -71,8 +72,10 @@ class HeartbeatPath:
         (self._route,) = (
             r
             for r in members.router.routes
-            if isinstance(r, APIRoute) and r.operation_id == HEARTBEAT_OPERATION
+            if isinstance(r, APIRoute) and r.operation_id == members.OPERATION_ID
         )
+        # The role the access matrix asks of the route (MEMBER).
+        self._role = required_role(members.OPERATION_ID)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
@@ -98,9 +101,9 @@ class HeartbeatPath:
     async def _answer(self, scope: Scope, match: re.Match[str], body: bytes) -> bytes:
         """The answer's JSON; ``_Fallback`` before anything is counted or written."""
         prefix, group, member_id = match.groups()
-        headers = _headers(scope)
-        principal = await self._caller(headers.get(b"authorization"))
-        if not _is_json(headers.get(b"content-type")):
+        headers = Headers(scope=scope)
+        principal = await self._caller(headers.get("authorization"))
+        if not is_json(headers.get("content-type", "")):
             raise _Fallback("invalid_request")
         try:
             # The route's order: names before the rate limit counts anything.
@@ -126,37 +129,21 @@ class HeartbeatPath:
         )
         return answer.model_dump_json(by_alias=True).encode()
 
-    async def _caller(self, authorization: bytes | None) -> Principal | None:
+    async def _caller(self, authorization: str | None) -> Principal | None:
         """The member calling, when no failure needs the route's answer."""
         rt = self.runtime
         if rt.settings.insecure_member_api:
             return None  # the unsafe switch, warned at start-up
-        if authorization is None or not authorization[:7].lower() == b"bearer ":
+        if authorization is None or authorization[:7].lower() != "bearer ":
             # Basic has a login limiter to consult: the route does that.
             raise _Fallback("not_bearer")
         try:
-            principal = await verified_principal(rt, authorization.decode("latin-1"))
+            principal = await verified_principal(rt, authorization)
         except AuthError:
             raise _Fallback("refused") from None
-        if principal is None or Role.MEMBER not in principal.roles:
+        if principal is None or self._role is None or self._role not in principal.roles:
             raise _Fallback("refused")
         return principal
-
-
-def _headers(scope: Scope) -> dict[bytes, bytes]:
-    # ASGI header names are lower-case; the first of a repeated header wins,
-    # as with Starlette's ``Headers.get``.
-    found: dict[bytes, bytes] = {}
-    for name, value in scope["headers"]:
-        found.setdefault(name, value)
-    return found
-
-
-def _is_json(content_type: bytes | None) -> bool:
-    if content_type is None:
-        return False
-    media = content_type.split(b";", 1)[0].strip().lower()
-    return media == b"application/json"
 
 
 async def _read_body(receive: Receive) -> bytes:

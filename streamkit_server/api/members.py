@@ -17,12 +17,15 @@ from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
 from streamkit_server.provisioning import validate_member_id
 from streamkit_server.store import GroupKeys
 
+#: The heartbeat's operationId (also the lean path's and the access matrix's key).
+OPERATION_ID = "sendConsumerHeartbeat"
+
 router = APIRouter(prefix=API_PREFIX, tags=["Members"], dependencies=[AUTHORIZE])
 
 
 @router.post(
     "/streams/{streamPrefix}/groups/{consumerGroup}/members/{memberId}/heartbeat",
-    operation_id="sendConsumerHeartbeat",
+    operation_id=OPERATION_ID,
     response_model=HeartbeatResponse,
     responses={
         400: {"model": ErrorResponse, "description": "Invalid request."},
