@@ -32,6 +32,12 @@ class CoordinatorConfig:
             raise ValueError("member_lease_ttl_ms must be at least twice heartbeat_interval_ms")
         if self.rebalance_timeout_ms <= 0:
             raise ValueError("rebalance_timeout_ms must be positive")
+        # A member learns of a revocation only at its next heartbeat, and a
+        # member that rejoined learns that its old shards were released at the
+        # one after: with a shorter timeout it is fenced before it can answer,
+        # rejoins, and is fenced again, and its group never settles.
+        if self.rebalance_timeout_ms < 2 * self.heartbeat_interval_ms:
+            raise ValueError("rebalance_timeout_ms must be at least twice heartbeat_interval_ms")
         if self.max_members_per_group < 1:
             raise ValueError("max_members_per_group must be at least 1")
         if self.min_protocol_version > self.max_protocol_version:

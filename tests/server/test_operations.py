@@ -73,6 +73,7 @@ def ops(ops_redis: RedisServer) -> Iterator[tuple[CoordinatorProcess, int]]:
         url,
         heartbeat_interval_ms=10_000,
         member_lease_ttl_ms=30_000,
+        rebalance_timeout_ms=60_000,
         env={
             "STREAMKIT_SERVER_PRINCIPALS": PRINCIPALS,
             "STREAMKIT_SERVER_AUDIT_STREAM": AUDIT_KEY,

@@ -110,6 +110,16 @@ def test_invalid_setting_fails_with_one_line() -> None:
     assert "member_lease_ttl_ms" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_rebalance_timeout_members_cannot_meet_is_refused() -> None:
+    # 10 s heartbeats with a 10 s timeout: a member hears of its revocation
+    # at the deadline and was fenced on every heartbeat (seen in a benchmark).
+    timings = {"heartbeat_interval_ms": 10_000, "member_lease_ttl_ms": 30_000}
+    with pytest.raises(ValueError, match="rebalance_timeout_ms must be at least twice"):
+        ServerSettings(_env_file=None, rebalance_timeout_ms=19_999, **timings)  # type: ignore[call-arg]
+    accepted = ServerSettings(_env_file=None, rebalance_timeout_ms=20_000, **timings)  # type: ignore[call-arg]
+    assert accepted.coordinator_config().rebalance_timeout_ms == 20_000
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [("ADMIN_PASSWORD", ""), ("ADMIN_PASSWORD", "  \t"), ("TOKEN_SECRET", " "),
