@@ -44,6 +44,52 @@ _NO_PROVIDER: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _RECHECK_S: Final = 1.0
 _TRACEPARENT: Final = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _FLAGS: Final = tuple(trace.TraceFlags(flags) for flags in range(256))
+_TRACEPARENT_LEN: Final = 55
+_ZERO_TRACE_ID: Final = b"0" * 32
+_ZERO_SPAN_ID: Final = b"0" * 16
+
+
+class _UnsampledParent(NonRecordingSpan):
+    """A producer span that was sampled out, named by a well-formed ``traceparent``.
+
+    Its ``SpanContext`` is built only when something asks for it (a child
+    span, a propagator): most handlers never do, and building it (two hex
+    parses and ``SpanContext``'s checks) costs more than the rest of the
+    middleware together.
+    """
+
+    def __init__(self, raw: bytes) -> None:  # no super().__init__: _context is lazy
+        self._raw = raw
+        self._parsed: SpanContext | None = None
+
+    @property
+    def _context(self) -> SpanContext:  # type: ignore[override]
+        # NonRecordingSpan's own methods (repr) read the attribute.
+        return self.get_span_context()
+
+    def get_span_context(self) -> SpanContext:
+        if self._parsed is None:
+            raw = self._raw
+            self._parsed = SpanContext(int(raw[3:35], 16), int(raw[36:52], 16), True, _FLAGS[0])
+        return self._parsed
+
+
+def _unsampled_parent(raw: object) -> _UnsampledParent | None:
+    """The sampled-out producer span of an exact ``traceparent`` with flags ``00``.
+
+    Anything else (sampled, other flags, padded, malformed) is None: the full
+    parse in ``_remote_span_context`` decides those.
+    """
+    if (
+        type(raw) is bytes
+        and len(raw) == _TRACEPARENT_LEN
+        and raw.endswith(b"-00")
+        and _TRACEPARENT.fullmatch(raw) is not None
+        and raw[3:35] != _ZERO_TRACE_ID
+        and raw[36:52] != _ZERO_SPAN_ID
+    ):
+        return _UnsampledParent(raw)
+    return None
 
 
 def parent_context(value: bytes | str | None) -> Context | None:
@@ -120,7 +166,18 @@ class TracingMiddleware(Middleware):
         message = ctx.message
         parent = None
         if self._field is not None:
-            remote = _remote_span_context(message.raw_fields.get(self._field))
+            raw = message.raw_fields.get(self._field)
+            if self.follow_parent_sampling:
+                # The common case of a sampling producer, kept lean: no span,
+                # the producer's context parsed only if the handler asks.
+                unsampled = _unsampled_parent(raw)
+                if unsampled is not None:
+                    token = otel_context.attach(trace.set_span_in_context(unsampled))
+                    try:
+                        return await call_next()
+                    finally:
+                        otel_context.detach(token)
+            remote = _remote_span_context(raw)
             if remote is not None:
                 parent = trace.set_span_in_context(NonRecordingSpan(remote))
                 if self.follow_parent_sampling and not remote.trace_flags.sampled:

@@ -1,0 +1,52 @@
+"""The lean path for sampled-out producers agrees with the full ``traceparent`` parse."""
+
+from __future__ import annotations
+
+from hypothesis import example, given
+from hypothesis import strategies as st
+from opentelemetry import trace
+
+from streamkit.observability.tracing import _remote_span_context, _unsampled_parent
+
+
+def _hex(size: int) -> st.SearchStrategy[str]:
+    return st.text("0123456789abcdefABCDEF", min_size=size, max_size=size)
+
+
+well_formed = st.builds(
+    lambda trace_id, span_id, flags: f"00-{trace_id}-{span_id}-{flags}",
+    _hex(32) | st.just("0" * 32),
+    _hex(16) | st.just("0" * 16),
+    st.sampled_from(["00", "01", "02", "03", "ff", "0g"]),
+)
+# Near misses: padding, cut or stretched values, other versions, stray bytes.
+mangled = st.builds(
+    lambda value, pad, cut: (pad + value + pad)[: len(value) + cut] if cut else pad + value,
+    well_formed,
+    st.sampled_from(["", " ", "\t"]),
+    st.integers(-3, 3),
+)
+values = (well_formed | mangled).map(str.encode) | st.binary(max_size=60)
+
+
+@given(values)
+@example(b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-00")
+@example(b"00-" + b"0" * 32 + b"-" + b"b" * 16 + b"-00")
+@example(b"00-" + b"a" * 32 + b"-" + b"0" * 16 + b"-00")
+@example(b"01-" + b"a" * 32 + b"-" + b"b" * 16 + b"-00")
+def test_the_lazy_parent_is_the_full_parse_of_an_unsampled_traceparent(raw: bytes) -> None:
+    full = _remote_span_context(raw)
+    lazy = _unsampled_parent(raw)
+    if lazy is None:
+        # Only an exact, valid, unsampled value must take the lean path; the
+        # rest (padded, flags other than 00) is the full parse's to decide.
+        exact = len(raw) == 55 and raw.endswith(b"-00") and raw == raw.strip()
+        assert not (exact and full is not None and full.trace_flags == 0)
+        return
+    assert full is not None and not full.trace_flags.sampled
+    context = lazy.get_span_context()
+    assert context == full and context.is_remote and context.is_valid
+    assert not lazy.is_recording()
+    # What a child span or a propagator reads from the handler's context.
+    assert trace.get_current_span(trace.set_span_in_context(lazy)).get_span_context() == full
+    assert repr(lazy) == f"NonRecordingSpan({full!r})"
