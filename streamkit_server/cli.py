@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import logging
 import secrets
@@ -28,6 +29,7 @@ from streamkit_server.api import create_app
 from streamkit_server.api.runtime import Runtime, make_redis_client
 from streamkit_server.principals import hash_password
 from streamkit_server.settings import ServerSettings
+from streamkit_server.timings import TimingConflict, Timings
 from streamkit_server.token_versions import revoke
 
 __all__ = ["main", "parse_settings", "preflight"]
@@ -107,6 +109,28 @@ async def preflight(settings: ServerSettings) -> str | None:
             await client.aclose()
         except (RedisError, OSError):
             pass
+    return None
+
+
+async def register_timings(settings: ServerSettings, coordinator_id: str) -> str | None:
+    """None once this process' timings are registered, else why they are refused.
+
+    Before uvicorn starts, so a conflict is one line rather than a failed
+    lifespan; the runtime registers again (a refresh) when it starts.
+    """
+    client = make_redis_client(settings)
+    timings = Timings(client, settings.key_prefix, coordinator_id, settings.coordinator_config())
+    try:
+        await timings.register()
+    except TimingConflict as exc:
+        return str(exc)
+    except (RedisError, OSError) as exc:
+        # E.g. a read-only replica behind the endpoint: the process starts
+        # and answers 503 meanwhile; its tick loop registers once it can write.
+        log.warning("could not register this coordinator's timings yet: %s", exc)
+    finally:
+        with contextlib.suppress(RedisError, OSError):
+            await client.aclose()
     return None
 
 
@@ -234,6 +258,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"streamkit-server: cannot start: {problem}", file=sys.stderr, flush=True)
         return 1
     app = create_app(settings, admin_password=password, token_secret=secret)
+    problem = asyncio.run(register_timings(settings, app.state.runtime.coordinator_id))
+    if problem is not None:
+        print(f"streamkit-server: cannot start: {problem}", file=sys.stderr, flush=True)
+        return 1
     config = uvicorn.Config(
         app,
         host=settings.host,

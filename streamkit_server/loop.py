@@ -28,6 +28,7 @@ from streamkit_server.mutex import MutexTimeout
 from streamkit_server.resharding import ReshardingService
 from streamkit_server.service import CoordinatorService, now_ms
 from streamkit_server.store import StoreError
+from streamkit_server.timings import Timings
 
 __all__ = ["TickLoop"]
 
@@ -43,9 +44,11 @@ class TickLoop:
         service: CoordinatorService,
         interval_ms: int,
         resharding: ReshardingService | None = None,
+        timings: Timings | None = None,
     ) -> None:
         self.service = service
         self.resharding = resharding
+        self.timings = timings
         self.interval_s = interval_ms / 1000
         self.last_pass_started: float | None = None
         self.last_error: str | None = None
@@ -94,6 +97,10 @@ class TickLoop:
     async def pass_once(self) -> None:
         service = self.service
         store = service.store
+        if self.timings is not None:
+            # Keeps this process' timings visible to coordinators starting later.
+            with contextlib.suppress(RedisError, OSError):
+                await self.timings.refresh()
         if time.monotonic() - self._last_rebuild > _INDEX_REBUILD_S:
             self._last_rebuild = time.monotonic()
             await store.rebuild_index()

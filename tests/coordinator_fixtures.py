@@ -36,6 +36,12 @@ class CoordinatorPool:
             proc.start()
         return proc
 
+    def stop(self, target: RedisTarget) -> None:
+        """Stop the shared process on ``target``, if any (``get`` starts it again)."""
+        proc = self._procs.get((target.url, target.cluster))
+        if proc is not None and proc.is_running():
+            proc.stop()
+
     def close(self) -> None:
         for proc in self._procs.values():
             proc.cleanup()
@@ -57,11 +63,28 @@ def coordinator(any_redis: RedisTarget, coordinator_pool: CoordinatorPool) -> Co
     return coordinator_pool.get(any_redis)
 
 
+# Settings every coordinator on one Redis must share (streamkit_server.timings).
+_TIMINGS = ("HEARTBEAT_INTERVAL_MS", "MEMBER_LEASE_TTL_MS", "REBALANCE_TIMEOUT_MS",
+            "PRODUCER_ROUTING_LEASE_MS")  # fmt: skip
+
+
+def _sets_timings(options: dict[str, Any]) -> bool:
+    names = {name.upper() for name in options} | {
+        name.removeprefix("STREAMKIT_SERVER_") for name in options.get("env") or {}
+    }
+    return any(name.endswith(timing) for name in names for timing in _TIMINGS)
+
+
 @pytest.fixture
-def coordinator_factory() -> Iterator[CoordinatorFactory]:
+def coordinator_factory(coordinator_pool: CoordinatorPool) -> Iterator[CoordinatorFactory]:
     started: list[CoordinatorProcess] = []
 
     def make(target: RedisTarget, *, start: bool = True, **options: Any) -> CoordinatorProcess:
+        if _sets_timings(options):
+            # A coordinator with other timings is refused while another one
+            # runs on the same Redis: the module's shared one steps aside
+            # (the `coordinator` fixture starts it again when a test asks).
+            coordinator_pool.stop(target)
         proc = CoordinatorProcess(target.url, cluster=target.cluster, **options)
         started.append(proc)
         if start:

@@ -28,6 +28,7 @@ from streamkit_server.security import Authenticator
 from streamkit_server.service import CoordinatorService
 from streamkit_server.settings import ServerSettings
 from streamkit_server.store import MetadataStore, RedisClient
+from streamkit_server.timings import Timings
 from streamkit_server.token_secret import shared_token_secret
 
 __all__ = ["Runtime", "make_redis_client"]
@@ -74,6 +75,7 @@ class Runtime:
         self.limiter: RateLimiter | None = None
         self._tick_task: asyncio.Task[None] | None = None
         self.audit_stream: AuditStream | None = None
+        self.timings: Timings | None = None
         self.metrics_listener: MetricsListener | None = None
 
     @property
@@ -117,7 +119,21 @@ class Runtime:
             await store.rebuild_index()
         except RedisError as exc:  # the tick loop retries it
             log.warning("could not rebuild the group index at start-up: %s", exc)
-        self.tick_loop = TickLoop(self._service, self.settings.tick_interval_ms, self._resharding)
+        self.timings = Timings(
+            self._client,
+            self.settings.key_prefix,
+            self.coordinator_id,
+            self.settings.coordinator_config(),
+        )
+        # `streamkit-server` has registered already (a one-line refusal); an
+        # app built in-process learns of a conflict here.
+        try:
+            await self.timings.register()
+        except (RedisError, OSError) as exc:  # a conflict (TimingConflict) is raised
+            log.warning("could not register this coordinator's timings yet: %s", exc)
+        self.tick_loop = TickLoop(
+            self._service, self.settings.tick_interval_ms, self._resharding, self.timings
+        )
         self._tick_task = asyncio.create_task(self.tick_loop.run(), name="streamkit-tick")
         if self.settings.audit_stream is not None:
             self.audit_stream = AuditStream(
@@ -153,6 +169,10 @@ class Runtime:
             await self.metrics_listener.stop()
         if self.audit_stream is not None:
             await self.audit_stream.stop()
+        if self.timings is not None:
+            # Gone at once, so the coordinators can be restarted with other timings.
+            with contextlib.suppress(RedisError, OSError):
+                await self.timings.unregister()
         if self._client is not None:
             await self._client.aclose()
 

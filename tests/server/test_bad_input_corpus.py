@@ -212,6 +212,8 @@ async def _snapshot(r: AsyncRedisClient) -> dict[str, Any]:
     for key in sorted(await r.keys("*")):
         if ":ratelimit:" in key:
             continue  # the rate limiter's expiring counters count bad requests too
+        if key.endswith(":coordinators"):
+            continue  # each process refreshes its entry from the tick loop
         kind = await r.type(key)
         value: Any
         if kind == "string":
