@@ -22,7 +22,7 @@ from typing import Final
 from streamkit_server.core import CoordinatorConfig
 from streamkit_server.store import RedisClient
 
-__all__ = ["LIVE_MS", "TimingConflict", "Timings", "coordinators_key"]
+__all__ = ["LIVE_MS", "TimingConflict", "Timings", "coordinators_key", "differences", "encode"]
 
 log = logging.getLogger("streamkit_server.timings")
 
