@@ -121,13 +121,9 @@ async def register_timings(settings: ServerSettings, coordinator_id: str) -> str
     client = make_redis_client(settings)
     timings = Timings(client, settings.key_prefix, coordinator_id, settings.coordinator_config())
     try:
-        await timings.register()
+        await timings.register_at_start()
     except TimingConflict as exc:
         return str(exc)
-    except (RedisError, OSError) as exc:
-        # E.g. a read-only replica behind the endpoint: the process starts
-        # and answers 503 meanwhile; its tick loop registers once it can write.
-        log.warning("could not register this coordinator's timings yet: %s", exc)
     finally:
         with contextlib.suppress(RedisError, OSError):
             await client.aclose()

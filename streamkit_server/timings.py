@@ -19,6 +19,8 @@ import logging
 from dataclasses import dataclass
 from typing import Final
 
+from redis.exceptions import RedisError
+
 from streamkit_server.core import CoordinatorConfig
 from streamkit_server.store import RedisClient
 
@@ -119,6 +121,14 @@ class Timings:
             f"another. Give this one the same values, or stop every coordinator first to "
             f"change them (an entry of a crashed process lapses after {LIVE_MS // 1000} s)"
         )
+
+    async def register_at_start(self) -> None:
+        """``register``; a Redis that cannot take the write yet (a read-only
+        replica behind the endpoint) only defers it to the tick loop's refresh."""
+        try:
+            await self.register()
+        except (RedisError, OSError) as exc:
+            log.warning("could not register this coordinator's timings yet: %s", exc)
 
     async def refresh(self) -> None:
         """``register`` from the tick loop: a conflict is logged (once), not raised.

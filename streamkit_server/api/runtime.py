@@ -127,10 +127,7 @@ class Runtime:
         )
         # `streamkit-server` has registered already (a one-line refusal); an
         # app built in-process learns of a conflict here.
-        try:
-            await self.timings.register()
-        except (RedisError, OSError) as exc:  # a conflict (TimingConflict) is raised
-            log.warning("could not register this coordinator's timings yet: %s", exc)
+        await self.timings.register_at_start()  # a TimingConflict fails the start
         self.tick_loop = TickLoop(
             self._service, self.settings.tick_interval_ms, self._resharding, self.timings
         )
