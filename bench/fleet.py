@@ -191,7 +191,7 @@ async def _create(coord: CoordinatorProcess, names: list[str]) -> None:
 
 async def _batch_sizes(coords: list[CoordinatorProcess]) -> tuple[float, float, dict[str, float]]:
     """(sum, count) of the coordinators' critical-section batch-size histograms,
-    and their locked-path writes by reason."""
+    and their locked-path writes by reason (plus their steady catch-ups)."""
     total = count = 0.0
     locked: dict[str, float] = {}
     async with httpx.AsyncClient(timeout=30) as http:
@@ -205,6 +205,10 @@ async def _batch_sizes(coords: list[CoordinatorProcess]) -> tuple[float, float, 
                 elif line.startswith("redis_stream_coord_locked_writes_total{"):
                     reason = line.split('reason="', 1)[1].split('"', 1)[0]
                     locked[reason] = locked.get(reason, 0.0) + float(line.split()[-1])
+                elif line.startswith("redis_stream_coord_steady_catch_ups_total "):
+                    # Not a locked write: one-round-trip writes that also caught
+                    # the copy up on another process's member writes.
+                    locked["(catch-ups)"] = locked.get("(catch-ups)", 0.0) + float(line.split()[-1])
     return total, count, locked
 
 
@@ -280,8 +284,13 @@ def _scenario(redis: RedisServer, processes: int, args: argparse.Namespace) -> N
         if n - batches0[2].get(reason, 0.0) > 0
     }
     sections = max(1.0, batches1[1] - batches0[1])
+    catch_ups = locked.pop("(catch-ups)", 0.0)
     print(f"  locked-path writes     {sum(locked.values()) / sections:8.1%} of critical sections "
           f"{dict(sorted(locked.items()))}")  # fmt: skip
+    print(
+        f"  steady catch-ups       {catch_ups / sections:8.1%} of critical sections "
+        "(one round trip on a copy another process's member writes had passed)"
+    )
     print(f"  members per coordinator core at 3 s interval: {3 / cpu_per_hb:,.0f}")
     # The same fleet at its real pace: the fixed cost per second plus each
     # heartbeat's own (the closed loop's CPU less the fixed cost, per heartbeat).

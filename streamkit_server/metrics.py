@@ -71,6 +71,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.steady_catch_ups = Counter(
+            "redis_stream_coord_steady_catch_ups_total",
+            "One-round-trip steady writes made on a copy that other member-only writes"
+            " (another process's heartbeats) had passed; their records came back with it.",
+            registry=r,
+        )
         self.heartbeats_routed = Counter(
             "redis_stream_coord_heartbeat_full_route_total",
             "Heartbeats answered through the FastAPI route instead of the lean"

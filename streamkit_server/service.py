@@ -7,8 +7,10 @@ Every mutation of a group runs through ``GroupExecutor.submit``:
 2. the group mutex in Redis, taken together with the load (one Lua script);
    or, for a batch that only writes member records (a steady heartbeat), no
    mutex: the batch is applied to this process's parsed copy and one script
-   writes it if Redis still holds exactly that copy (revision and write id),
-   else takes the mutex and loads in the same round trip (``_steady``);
+   writes it if Redis still holds that copy (revision and write id), or has
+   only taken other members' records since (another process's heartbeats,
+   sent back with the reply), else takes the mutex and loads in the same
+   round trip (``_steady``);
 3. the pure core (``handle_heartbeat`` / ``tick`` / ...) on the loaded value,
    which returns ``Result(state, changes, response)``;
 4. a revision CAS write of ``changes`` (only the member records, for a steady
@@ -197,8 +199,9 @@ class GroupExecutor:
         """The batch in one round trip, when this process's copy is current.
 
         The batch is applied to the parsed copy of the group; when that is a
-        member-only write, one script writes it if Redis still holds exactly
-        that copy (and no one holds the mutex).  True: answered.  Otherwise
+        member-only write, one script writes it if Redis still holds that
+        copy, or has only taken other members' records since (and no one
+        holds the mutex).  True: answered.  Otherwise
         the script has taken the mutex and loaded, as ``lock_and_load``'s
         first try would: the ``_Locked`` to rerun the batch from; False: not
         tried, or the mutex was busy.
@@ -207,13 +210,15 @@ class GroupExecutor:
         seen = self._seen.get(keys.metadata)
         if cached is None or cached.layout_version != LAYOUT_VERSION:
             return self._locked_because("no_copy")
-        # Only a copy this process loaded under the mutex or wrote: one
-        # refreshed by a read-only load may be a lower revision than this
-        # process saw (Redis went back), and only the locked path opens the
-        # correction round for that.
+        # Only a copy no older than what this process loaded under the mutex
+        # or wrote: a read-only load (the tick's, a view's) may bring a lower
+        # revision than this process saw (Redis went back), and only the
+        # locked path opens the correction round for that.  A read that moved
+        # the copy forward is what a locked load would have found: the locked
+        # path would observe no regression in it either.
         if (
             seen is None
-            or seen.revision != cached.revision
+            or cached.revision < seen.revision
             or seen.lifecycle != cached.group.created_at_ms
         ):
             return self._locked_because("copy_not_seen")

@@ -136,23 +136,66 @@ return head
 """
 
 # KEYS: mutex, metadata.  ARGV: as _LOAD (the token, ttl, then the (revision,
-# writeId) of the caller's copy, which it computed the write from), then the
-# field/value pairs of a member-only write.  When nobody holds the mutex and
-# Redis still holds exactly that copy, the fields are written and the reply
-# is {3}: a steady heartbeat in one round trip.  The revision check is what
-# makes the write safe (nothing changed since the copy, so the answer computed
-# from it is the answer the locked path would give); the free mutex is
-# courtesy: a critical section in progress would otherwise lose its own CAS.
-# Otherwise the script goes on as _LOAD (takes the mutex, reads), so falling
-# back costs no extra round trip.
+# writeId) of the caller's copy, which it computed the write from, the size of
+# the write log), the writeId of this write, then the field/value pairs of a
+# member-only write (``m:<memberId>`` records).  When nobody holds the mutex
+# and the write is still valid, the script writes the records, the next
+# revision, the writeId and that revision's log entry, and replies {3,
+# revision, id, record, ...}: a steady heartbeat in one round trip.  Valid
+# means Redis holds exactly the caller's copy, or a later state reached from
+# it by member-only writes (the write log proves the chain) that touched none
+# of the records being written; the reply then carries the records those
+# writes touched, so the caller's copy becomes exactly what Redis now holds.
+# Why a write decided on such a copy stands: a steady answer reads the group
+# document and its own member's record, and both are as they were (see
+# docs/concepts.md, "How a group is stored").  The free mutex is courtesy: a
+# critical section in progress would otherwise lose its own CAS.  Otherwise
+# the script goes on as _LOAD (takes the mutex, reads), so falling back costs
+# no extra round trip.
 _STEADY_PRELUDE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
   local c = redis.call('HMGET', KEYS[2], 'revision', 'writeId', 'layoutVersion')
-  if c[1] == ARGV[3] and c[2] == ARGV[4] and c[3] == '2' then
-    for i = 6, #ARGV, 1000 do
-      redis.call('HSET', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+  local have, cur, size = tonumber(ARGV[3]), tonumber(c[1]), tonumber(ARGV[5])
+  if c[3] == '2' and have and cur then
+    local mine, ids = {}, {}
+    for i = 7, #ARGV, 2 do
+      local id = string.sub(ARGV[i], 3)
+      mine[id] = true
+      ids[#ids + 1] = id
     end
-    return {3}
+    local ok, others = c[1] == ARGV[3] and c[2] == ARGV[4], {}
+    if not ok and cur > have and cur - have < size then
+      ok = true
+      for r = have, cur do
+        local raw = redis.call('HGET', KEYS[2], 'log:' .. string.format('%d', r % size))
+        local e = raw and cjson.decode(raw)
+        if not e or e[1] ~= r or (r == have and e[2] ~= ARGV[4]) or (r > have and e[3] ~= 0) then
+          ok = false
+          break
+        end
+        if r > have then
+          for _, id in ipairs(e[4]) do
+            if mine[id] then ok = false break end
+            others[#others + 1] = id
+          end
+          if not ok then break end
+        end
+      end
+    end
+    if ok then
+      local rev = string.format('%d', cur + 1)
+      redis.call('HSET', KEYS[2], 'revision', rev, 'writeId', ARGV[6],
+        'log:' .. string.format('%d', (cur + 1) % size), cjson.encode({cur + 1, ARGV[6], 0, ids}))
+      for i = 7, #ARGV, 1000 do
+        redis.call('HSET', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+      end
+      local reply = {3, rev}
+      for _, id in ipairs(others) do
+        reply[#reply + 1] = id
+        reply[#reply + 1] = redis.call('HGET', KEYS[2], 'm:' .. id) or false
+      end
+      return reply
+    end
   end
 end
 """
@@ -438,19 +481,30 @@ class MetadataStore:
         keys = cached.keys
         if cached.layout_version != LAYOUT_VERSION or not steady(changes):
             raise ValueError("commit_steady takes member-only changes to a layout-2 group")
-        revision = cached.revision + 1
         write_id = secrets.token_hex(8)
-        records, _none = _member_fields(revision, write_id, group, changes, document=False)
-        sets = ["revision", str(revision), "writeId", write_id, *records]
+        records = _member_records(group, changes)
         try:
             try:
                 reply = await self._steady(
                     keys=[keys.mutex, keys.metadata],
-                    args=[token, ttl_ms, *_known(cached), WRITE_LOG_SIZE, *sets],
+                    args=[token, ttl_ms, *_known(cached), WRITE_LOG_SIZE, write_id, *records],
                 )
                 if int(reply[0]) == 3:
                     self.metrics.store_writes.inc()
-                    result = Loaded(keys, revision, write_id, cached.updated_at, group)
+                    revision = int(reply[1])
+                    if len(reply) == 2:
+                        result = Loaded(keys, revision, write_id, cached.updated_at, group)
+                        self._parsed[keys.metadata] = result
+                        return CommitResult(True, revision, result)
+                    # Written on top of member-only writes made since the copy
+                    # (another process's heartbeats): take their records in.
+                    self.metrics.steady_catch_ups.inc()
+                    try:
+                        caught_up = _apply_delta(group, reply[2:])
+                    except _StaleCache:  # a record the log names is gone: read it all next time
+                        self._parsed.pop(keys.metadata, None)
+                        return CommitResult(True, revision, None)
+                    result = Loaded(keys, revision, write_id, cached.updated_at, caught_up)
                     self._parsed[keys.metadata] = result
                     return CommitResult(True, revision, result)
                 # The script compared with ``cached``: a delta applies to it.
@@ -648,6 +702,16 @@ def _log_entry(revision: int, write_id: str, *, document: bool, written: list[st
     return [f"log:{revision % WRITE_LOG_SIZE}", json.dumps(entry, separators=(",", ":"))]
 
 
+def _member_records(group: GroupMetadata, changes: Sequence[Change]) -> list[str]:
+    """``m:<memberId>`` / record pairs of the members ``changes`` upserted."""
+    records: list[str] = []
+    for change in changes:
+        if isinstance(change, MemberUpserted):
+            member_id = change.member.member_id
+            records += [f"m:{member_id}", _member_json(group.members[member_id])]
+    return records
+
+
 def _member_fields(
     revision: int,
     write_id: str,
@@ -658,16 +722,9 @@ def _member_fields(
 ) -> tuple[list[str], list[str]]:
     """Fields to set (the changed member records, the log entry of ``revision``)
     and to delete (removed members) for ``changes``."""
-    sets: list[str] = []
-    deletes: list[str] = []
-    written: list[str] = []
-    for change in changes:
-        if isinstance(change, MemberUpserted):
-            member_id = change.member.member_id
-            sets += [f"m:{member_id}", _member_json(group.members[member_id])]
-            written.append(member_id)
-        elif isinstance(change, MemberRemoved):
-            deletes.append(f"m:{change.member_id}")
+    written = [c.member.member_id for c in changes if isinstance(c, MemberUpserted)]
+    deletes = [f"m:{c.member_id}" for c in changes if isinstance(c, MemberRemoved)]
+    sets = _member_records(group, changes)
     return sets + _log_entry(revision, write_id, document=document, written=written), deletes
 
 

@@ -111,6 +111,10 @@ class CoordinatorProcess:
         self._dir = Path(tempfile.mkdtemp(prefix="streamkit-coordinator-"))
         self._log_offset = 0
         self._proc: subprocess.Popen[bytes] | None = None
+        #: The running process' id in the coordinator registry (from ``/healthz``).
+        self.coordinator_id: str | None = None
+        # Ids of launches ended by kill(): their registry entries outlive them.
+        self._crashed: list[str] = []
 
     # -- properties ----------------------------------------------------------
 
@@ -179,6 +183,8 @@ class CoordinatorProcess:
 
     def kill(self) -> int | None:
         """SIGKILL, to simulate a crash (no shutdown sequence runs)."""
+        if self.is_running() and self.coordinator_id is not None:
+            self._crashed.append(self.coordinator_id)
         return self._terminate(signal.SIGKILL, 10.0)
 
     def restart(self) -> Self:
@@ -199,14 +205,35 @@ class CoordinatorProcess:
         return self._proc.wait(timeout)
 
     def cleanup(self) -> None:
-        """Stop and delete the log directory."""
+        """Stop, forget the registry entries of killed launches, delete the log directory."""
         self.stop()
+        self._forget_crashed()
         with contextlib.suppress(OSError):
             for path in self._dir.iterdir():
                 path.unlink()
             self._dir.rmdir()
 
     # -- helpers ---------------------------------------------------------------
+
+    def _forget_crashed(self) -> None:
+        """Remove the timing-registry entries of the launches kill() ended.
+
+        A crashed coordinator's entry lapses only after 30 s, and until then
+        no coordinator with other timings may start on that Redis: the next
+        test on a shared server would be refused.  Best effort: the server
+        may be gone already.
+        """
+        if not self._crashed:
+            return
+        import redis
+        from redis.cluster import RedisCluster
+
+        prefix = self._env.get("STREAMKIT_SERVER_KEY_PREFIX", "redis-stream:coord")
+        client = (RedisCluster if self.cluster else redis.Redis).from_url(self.redis_url)
+        with contextlib.suppress(redis.RedisError, OSError):
+            client.hdel(f"{prefix}:coordinators", *self._crashed)
+        client.close()
+        self._crashed.clear()
 
     def _launch_and_wait(self) -> None:
         env = dict(os.environ)
@@ -240,7 +267,9 @@ class CoordinatorProcess:
                     reply = client.get(f"{self.url}/healthz")
                     # Only our own process counts: another coordinator may be
                     # listening on the port if ours failed to bind it.
-                    if reply.status_code == 200 and reply.json().get("pid") == self._proc.pid:
+                    health = reply.json()
+                    if reply.status_code == 200 and health.get("pid") == self._proc.pid:
+                        self.coordinator_id = health.get("coordinatorId")
                         return
                 time.sleep(0.05)
         self._terminate(signal.SIGKILL, 5.0)

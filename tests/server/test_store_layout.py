@@ -95,7 +95,7 @@ async def test_a_restored_copy_with_the_same_revision_is_read_again_in_full(
     assert set(reloaded.group.members) == {"m1"}
 
 
-async def test_a_steady_write_is_one_round_trip_only_on_the_current_copy(
+async def test_a_steady_write_is_one_round_trip_unless_its_own_record_or_the_document_moved(
     stores: tuple[MetadataStore, MetadataStore],
 ) -> None:
     a, b = stores
@@ -115,16 +115,38 @@ async def test_a_steady_write_is_one_round_trip_only_on_the_current_copy(
     assert isinstance(done, CommitResult) and done.ok and done.revision == mine.revision + 1
     assert await a.client.exists(keys.mutex) == 0
     assert (await _load(b, keys)).group.members["m1"].last_heartbeat_ms == 5
-    # b's copy is now stale: nothing written, the mutex taken and the group read instead.
+    # b's copy missed a's write of m1 only: b's write of m2 still goes through
+    # in one round trip and brings m1's record back.
     group, changes = with_member(seen_by_b, MemberMetadata(member_id="m2"))
-    fallback = await b.commit_steady(seen_by_b, group, changes, "tok-b", 10_000)
-    assert isinstance(fallback, Loaded) and fallback.revision == done.revision
-    assert set(fallback.group.members) == {"m1"}
-    assert await b.client.get(keys.mutex) in (b"tok-b", "tok-b")
-    # While b holds the mutex, a's current copy is not written either: busy.
+    caught_up = await b.commit_steady(seen_by_b, group, changes, "tok-b", 10_000)
+    assert isinstance(caught_up, CommitResult) and caught_up.revision == done.revision + 1
+    assert caught_up.loaded is not None and caught_up.loaded == await _full(b, keys)
+    assert caught_up.loaded.group.members["m1"].last_heartbeat_ms == 5
+    assert await b.client.exists(keys.mutex) == 0
+    # a's copy missed b's write of m2; a write of m2 itself does not go
+    # through: nothing written, the mutex taken and the group read instead.
     assert done.loaded is not None
-    group, changes = with_member(done.loaded, MemberMetadata(member_id="m3"))
+    group, changes = with_member(done.loaded, MemberMetadata(member_id="m2", last_heartbeat_ms=9))
+    fallback = await a.commit_steady(done.loaded, group, changes, "tok-a2", 10_000)
+    assert isinstance(fallback, Loaded) and fallback.revision == caught_up.revision
+    assert fallback.group.members["m2"].last_heartbeat_ms == 0
+    assert await a.client.get(keys.mutex) in (b"tok-a2", "tok-a2")
+    # While a holds the mutex, b's current copy is not written either: busy.
+    group, changes = with_member(caught_up.loaded, MemberMetadata(member_id="m3"))
     with pytest.raises(MutexBusy):
-        await a.commit_steady(done.loaded, group, changes, "tok-a2", 10_000)
+        await b.commit_steady(caught_up.loaded, group, changes, "tok-b2", 10_000)
     assert "m3" not in (await _load(b, keys)).group.members
-    await b.release(keys.mutex, "tok-b")
+    # A document write since the copy: the copy is not caught up, read again.
+    other = fallback.group.model_copy(update={"shard_count": 5, "layout": [0, 1, 2, 3, 4]})
+    moved = await a.commit(fallback, keys, other, (GroupDocumentChanged(),), "tok-a2")
+    assert moved.ok
+    group, changes = with_member(caught_up.loaded, MemberMetadata(member_id="m3"))
+    reread = await b.commit_steady(caught_up.loaded, group, changes, "tok-b3", 10_000)
+    assert isinstance(reread, Loaded) and reread.group.shard_count == 5
+    await b.release(keys.mutex, "tok-b3")
+
+
+async def _full(store: MetadataStore, keys: GroupKeys) -> Loaded:
+    """The group read in full by a store that had no copy (no delta can hide anything)."""
+    fresh = MetadataStore(store.client, KEY_PREFIX, Metrics())
+    return await _load(fresh, keys)
