@@ -77,6 +77,7 @@ from streamkit_server.core.result import (
 )
 from streamkit_server.core.rollback import Seen
 from streamkit_server.core.rollback import observe as core_observe
+from streamkit_server.store import WRITE_LOG_SIZE
 
 from .coverage import SimulationCoverage, report
 
@@ -116,6 +117,10 @@ class Snapshot(NamedTuple):
     #: The Redis server incarnation that took the last document write (the
     #: store's ``redisServer`` field).
     stamp: int = 0
+    #: What the write that made this snapshot logged (the store's write log):
+    #: a document write, or the member records it wrote.
+    document: bool = True
+    written: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -139,13 +144,31 @@ class Redis:
     def stamped_elsewhere(self) -> bool:
         return self.history[-1].stamp != self.server
 
-    def commit(self, expected: int, group: GroupMetadata, *, document: bool) -> int:
-        revision, _, stamp = self.history[-1]
+    def commit(
+        self,
+        expected: int,
+        group: GroupMetadata,
+        *,
+        document: bool,
+        written: frozenset[str] = frozenset(),
+    ) -> int:
+        revision, _, stamp, *_ = self.history[-1]
         # The processes run one critical section at a time here, so the CAS
         # always holds; it is asserted to keep the model honest.
         assert revision == expected, (revision, expected)
-        self.history.append(Snapshot(revision + 1, group, self.server if document else stamp))
+        stamp = self.server if document else stamp
+        self.history.append(Snapshot(revision + 1, group, stamp, document, written))
         return revision + 1
+
+    def passed_only_by_others(self, copy: Snapshot, mine: frozenset[str]) -> bool:
+        """The steady-write script's check (``store._STEADY_PRELUDE``): ``copy`` is
+        on the current history line (its revision and writeId: the same snapshot),
+        within the write log's reach, and every write since wrote only member
+        records, none of ``mine``."""
+        index = next((i for i, snap in enumerate(self.history) if snap is copy), None)
+        if index is None or len(self.history) - 1 - index >= WRITE_LOG_SIZE:
+            return False
+        return all(not s.document and not s.written & mine for s in self.history[index + 1 :])
 
 
 #: (group lifecycle, highest revision seen, metadataVersion at that revision)
@@ -204,6 +227,12 @@ def stored_after(
 Op = Callable[[GroupMetadata], "Result[Any] | list[Result[Any]]"]
 
 
+def answered(response: HeartbeatResponse | None) -> HeartbeatResponse:
+    """A heartbeat the pinned schedules expect answered (not refused)."""
+    assert response is not None
+    return response
+
+
 def unchanged(group: GroupMetadata) -> Result[None]:
     return Result(group, (), None)
 
@@ -215,12 +244,47 @@ class CoordinatorProcess:
     name: str
     redis: Redis
     highest: Highest | None = None
+    #: The process's parsed copy of the group (the store's cache): set by every
+    #: load, read-only or locked, and by every write.
+    copy: Snapshot | None = None
 
     def peek(self) -> GroupMetadata:
         """A read-only load (the tick loop's scan): never consumes a regression."""
         revision, group = self.redis.current
+        self.copy = self.redis.history[-1]
         self.highest, _ = observe(self.highest, revision, group, locked=False)
         return group
+
+    def steady(self, op: Op, now: int) -> bool:
+        """``GroupExecutor._steady``: the op on this process's copy, written in one
+        round trip if it only wrote member records and Redis passed the copy only
+        by other members' record writes.  False: the locked path decides instead.
+
+        The answers the op gave on the copy are the ones the member gets; the
+        simulation's checks then hold them to what Redis holds.
+        """
+        copy, seen = self.copy, self.highest
+        if copy is None or seen is None:
+            return False
+        if copy.revision < seen.revision or seen.lifecycle != copy.group.created_at_ms:
+            return False  # a read took the copy back: only the locked path opens rounds
+        out = op(copy.group)
+        results = out if isinstance(out, list) else [out]
+        changes = merge_changes(result.changes for result in results)
+        if not changes or not steady(changes):
+            return False
+        mine = frozenset(c.member.member_id for c in changes if isinstance(c, MemberUpserted))
+        if not self.redis.passed_only_by_others(copy, mine):
+            return False
+        revision, current = self.redis.current
+        if revision != copy.revision:
+            COVERAGE.count("steady_catch_ups")
+        stored = stored_after(current, state_of(results[-1]), changes)
+        written = self.redis.commit(revision, stored, document=False, written=mine)
+        self.copy = self.redis.history[-1]
+        self.highest, _ = observe(self.highest, written, stored, locked=True)
+        COVERAGE.count("member_only_writes")
+        return True
 
     def run(self, op: Op, now: int) -> GroupMetadata:
         """One critical section of the service: locked load, op, write of its changes.
@@ -259,13 +323,16 @@ class CoordinatorProcess:
                 before is None or before.state is not MemberState.FENCED
             ):
                 COVERAGE.count("members_fenced")
+        self.copy = self.redis.history[-1]
         if not changes:
             # No change: nothing is written, so the state must be the loaded one.
             assert state == loaded, diff(loaded, state)
             return loaded
         stored = stored_after(loaded, state, changes)
         assert stored == state, ("changes do not describe the step", changes, diff(stored, state))
-        written = self.redis.commit(revision, stored, document=document)
+        mine = frozenset(c.member.member_id for c in changes if isinstance(c, MemberUpserted))
+        written = self.redis.commit(revision, stored, document=document, written=mine)
+        self.copy = self.redis.history[-1]
         self.highest, _ = observe(self.highest, written, stored, locked=True)
         COVERAGE.count("member_only_writes" if not document else "document_writes")
         return stored
@@ -283,7 +350,9 @@ class CoordinatorProcess:
             answers.append(outcome.response)
             return outcome
 
-        self.run(op, now)
+        if not self.steady(op, now):
+            answers.clear()  # decided again under the mutex
+            self.run(op, now)
         return answers[-1] if answers else None
 
     def tick(self, now: int) -> None:
@@ -462,7 +531,16 @@ class ProtocolSimulation(RuleBasedStateMachine):
         late ones arriving: stale reports land while members hold shards."""
         self._stretch(rounds, data, noisy=True)
 
-    def _stretch(self, rounds: int, data: st.DataObject, *, noisy: bool) -> None:
+    @rule(rounds=st.integers(2, 10), data=st.data())
+    def spread_stretch(self, rounds: int, data: st.DataObject) -> None:
+        """Rounds in which every heartbeat lands on either process, as behind a
+        load balancer: each process's copy falls behind the other's member
+        writes, and steady writes pass them (the store's catch-up)."""
+        self._stretch(rounds, data, noisy=False, spread=True)
+
+    def _stretch(
+        self, rounds: int, data: st.DataObject, *, noisy: bool, spread: bool = False
+    ) -> None:
         fates = ["ok"] * 5 + ["delay"] if noisy else ["ok"]
         for _ in range(rounds):
             self.now += data.draw(st.integers(40, CONFIG.heartbeat_interval_ms), label="dt")
@@ -481,6 +559,8 @@ class ProtocolSimulation(RuleBasedStateMachine):
                     finished: bool = data.draw(st.integers(0, 2), label="drained") == 0
                     for shard in sorted(machine.draining) if finished else []:
                         machine.drained(shard)
+                if spread:
+                    process = data.draw(st.integers(0, len(PROCESSES) - 1), label="process")
                 self._send(sim, data.draw(st.sampled_from(fates), label="fate"), process)
                 self.no_shard_held_twice()
                 if noisy and self.network.delayed and data.draw(st.booleans(), label="late"):
@@ -671,7 +751,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
         """
         ttl = CONFIG.member_lease_ttl_ms
         found = []
-        for i, (_, group, _) in enumerate(self.redis.history[1:-1], start=1):
+        for i, (_, group, *_) in enumerate(self.redis.history[1:-1], start=1):
             round_ = group.correction
             taken = max((m.last_heartbeat_ms for m in group.members.values()), default=0)
             if round_ and round_.started_at_ms + ttl <= self.now < taken + ttl:
@@ -983,6 +1063,7 @@ REQUIRED = (
     "server_changes_detected",
     "member_only_writes",
     "document_writes",
+    "steady_catch_ups",
 )
 
 
@@ -1054,13 +1135,13 @@ def _grant_lost_then_other_process_serves(*, failover: bool) -> None:
     m3, m2 = MemberStateMachine("m3", lease_ms=500), MemberStateMachine("m2", lease_ms=500)
     machine.members["m3"].machine, machine.members["m2"].machine = m3, m2
     for _ in range(2):  # join, then the heartbeat that is granted every shard
-        machine._answer(m3, c0.heartbeat(m3.next_request(machine.now), machine.now))
+        machine._answer(m3, answered(c0.heartbeat(m3.next_request(machine.now), machine.now)))
     assert m3.readable(machine.now) == frozenset(range(SHARDS))
     del machine.redis.history[1:]  # Redis loses m3's join and grants
     if failover:
         machine.redis.server += 1
     for _ in range(2):
-        machine._answer(m2, c1.heartbeat(m2.next_request(machine.now), machine.now))
+        machine._answer(m2, answered(c1.heartbeat(m2.next_request(machine.now), machine.now)))
     machine.no_shard_held_twice()
 
 
@@ -1101,7 +1182,7 @@ def test_a_late_previous_epoch_report_releases_nothing() -> None:
 
     def beat(member: MemberStateMachine) -> None:
         request = member.next_request(machine.now, in_flight={s: 1 for s in member.draining})
-        machine._answer(member, c0.heartbeat(request, machine.now))
+        machine._answer(member, answered(c0.heartbeat(request, machine.now)))
         machine.no_shard_held_twice()
 
     for _ in range(4):  # both join and settle on two shards each
@@ -1143,7 +1224,7 @@ def test_a_restore_from_before_a_handoff_starts_nothing_new() -> None:
 
     def beat(member: MemberStateMachine) -> None:
         request = member.next_request(machine.now, in_flight={s: 1 for s in member.draining})
-        machine._answer(member, c0.heartbeat(request, machine.now))
+        machine._answer(member, answered(c0.heartbeat(request, machine.now)))
         machine.no_shard_held_twice()
 
     beat(m0)
