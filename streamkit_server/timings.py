@@ -5,12 +5,16 @@ A lease written by one process is judged by another: a process with a shorter
 longer lease, and hand their shards to a second reader while the first still
 reads. So the timings are not a per-process choice. Each process registers
 its timings in one hash (``{kp}:coordinators``, field = coordinator id,
-value = ``<last seen ms>|<timings>``) and refreshes the entry from its tick
-loop; a process whose timings differ from a live entry's is refused at
-start-up. An entry not refreshed for ``LIVE_MS`` counts as gone (a crashed
-process), and a stopping process removes its own, so changing the timings
-means stopping every coordinator first, then starting them with the new
-values.
+value = ``<bound until ms>|<timings>[|stopped]``) and refreshes the entry from
+its tick loop; a process whose timings differ from an entry still binding is
+refused at start-up.
+
+An entry binds while its process runs and, after that, for as long as a lease
+it granted may still run: a stopping process leaves its entry binding for its
+member lease or producer routing lease (the longer one), and a crashed one's
+lapses ``LIVE_MS`` (or that lease, if longer) after its last refresh.  Without
+that, stopping every coordinator and starting them at once with a shorter
+lease would expire members whose old, longer lease still lets them read.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ __all__ = ["LIVE_MS", "TimingConflict", "Timings", "coordinators_key", "differen
 
 log = logging.getLogger("streamkit_server.timings")
 
-#: An entry this long without a refresh belongs to a process that is gone.
+#: A running process' entry binds this long past its last refresh (at least).
 LIVE_MS: Final = 30_000
 
 # Atomic, so two processes starting together cannot both miss each other.
 # Uses the server's clock: coordinator hosts may disagree about the time.
+# ARGV: coordinator id, encoded timings, how long the entry binds (ms).
+# Reply: {1} registered, or {0, id, their timings, ms they still bind, stopped}.
 _REGISTER = """
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
@@ -40,15 +46,29 @@ local entries = redis.call('HGETALL', KEYS[1])
 for i = 1, #entries, 2 do
   local id, value = entries[i], entries[i + 1]
   local sep = string.find(value, '|', 1, true)
-  local seen = sep and tonumber(string.sub(value, 1, sep - 1)) or 0
-  if seen < now - tonumber(ARGV[3]) then
+  local bound = sep and tonumber(string.sub(value, 1, sep - 1)) or 0
+  local rest = sep and string.sub(value, sep + 1) or ''
+  local stop = string.find(rest, '|', 1, true)
+  local timings = stop and string.sub(rest, 1, stop - 1) or rest
+  if bound < now then
     redis.call('HDEL', KEYS[1], id)
-  elseif id ~= ARGV[1] and string.sub(value, sep + 1) ~= ARGV[2] then
-    return {0, id, string.sub(value, sep + 1)}
+  elseif id ~= ARGV[1] and timings ~= ARGV[2] then
+    return {0, id, timings, bound - now, stop and 1 or 0}
   end
 end
-redis.call('HSET', KEYS[1], ARGV[1], now .. '|' .. ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], (now + tonumber(ARGV[3])) .. '|' .. ARGV[2])
 return {1}
+"""
+
+# A stopping process' entry stays, binding for as long as its leases may run
+# (ARGV: id, encoded timings, ms).  Only an entry still there: one that lapsed
+# while the process stalled is not brought back.
+_STOP = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], (now + tonumber(ARGV[3])) .. '|' .. ARGV[2] .. '|stopped')
+return 1
 """
 
 # (encoded name, setting) of what every process must agree on.
@@ -102,24 +122,37 @@ class Timings:
 
     def __post_init__(self) -> None:
         self._script = self.client.register_script(_REGISTER)
+        self._stop = self.client.register_script(_STOP)
         self._encoded = encode(self.config)
         self._warned_about: str | None = None
+        # How long a lease this process grants may run: members' or producers'.
+        self._lease_ms = max(self.config.member_lease_ttl_ms, self.config.producer_routing_lease_ms)
 
     async def register(self) -> None:
-        """Add or refresh this process' entry; ``TimingConflict`` if a live one differs."""
+        """Add or refresh this process' entry; ``TimingConflict`` if a binding one differs."""
         key = coordinators_key(self.key_prefix)
-        reply = await self._script(keys=[key], args=[self.coordinator_id, self._encoded, LIVE_MS])
+        hold = max(LIVE_MS, self._lease_ms)
+        reply = await self._script(keys=[key], args=[self.coordinator_id, self._encoded, hold])
         if int(reply[0]) == 1:
             self._warned_about = None
             return
-        other = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
-        theirs = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
+        other, theirs = (v.decode() if isinstance(v, bytes) else str(v) for v in reply[1:3])
+        wait_s = -(-int(reply[3]) // 1000)  # rounded up
+        what = differences(self._encoded, theirs)
+        if int(reply[4]):
+            raise TimingConflict(
+                f"coordinator {other} stopped on this Redis less than {wait_s} s ago with "
+                f"other timings ({what}), and leases it granted may still run: a member it "
+                "promised a longer lease would be expired here while it still reads. Start "
+                f"this one with the same values, or in {wait_s} s"
+            )
         raise TimingConflict(
-            f"coordinator {other} on this Redis runs with other timings "
-            f"({differences(self._encoded, theirs)}); every coordinator sharing a Redis "
-            "must use the same ones, because a lease one process grants is judged by "
-            f"another. Give this one the same values, or stop every coordinator first to "
-            f"change them (an entry of a crashed process lapses after {LIVE_MS // 1000} s)"
+            f"coordinator {other} on this Redis runs with other timings ({what}); every "
+            "coordinator sharing a Redis must use the same ones, because a lease one "
+            "process grants is judged by another. Give this one the same values, or stop "
+            "every coordinator first to change them (after a stop, or a crash, the old "
+            f"timings bind until the leases granted under them have run out: {wait_s} s "
+            "from now at most)"
         )
 
     async def register_at_start(self) -> None:
@@ -144,4 +177,6 @@ class Timings:
                 log.error("%s", exc)
 
     async def unregister(self) -> None:
-        await self.client.hdel(coordinators_key(self.key_prefix), self.coordinator_id)
+        """This process stops: its entry binds on until the leases it granted ran out."""
+        key = coordinators_key(self.key_prefix)
+        await self._stop(keys=[key], args=[self.coordinator_id, self._encoded, self._lease_ms])

@@ -41,6 +41,7 @@ class CoordinatorPool:
         proc = self._procs.get((target.url, target.cluster))
         if proc is not None and proc.is_running():
             proc.stop()
+            proc.forget_registrations()  # its members are gone: other timings may start
 
     def close(self) -> None:
         for proc in self._procs.values():

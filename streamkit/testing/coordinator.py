@@ -113,8 +113,8 @@ class CoordinatorProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         #: The running process' id in the coordinator registry (from ``/healthz``).
         self.coordinator_id: str | None = None
-        # Ids of launches ended by kill(): their registry entries outlive them.
-        self._crashed: list[str] = []
+        # Every launch's registry id: its entry outlives it (see forget_registrations).
+        self._launched: list[str] = []
 
     # -- properties ----------------------------------------------------------
 
@@ -183,8 +183,6 @@ class CoordinatorProcess:
 
     def kill(self) -> int | None:
         """SIGKILL, to simulate a crash (no shutdown sequence runs)."""
-        if self.is_running() and self.coordinator_id is not None:
-            self._crashed.append(self.coordinator_id)
         return self._terminate(signal.SIGKILL, 10.0)
 
     def restart(self) -> Self:
@@ -205,9 +203,9 @@ class CoordinatorProcess:
         return self._proc.wait(timeout)
 
     def cleanup(self) -> None:
-        """Stop, forget the registry entries of killed launches, delete the log directory."""
+        """Stop, forget this object's registry entries, delete the log directory."""
         self.stop()
-        self._forget_crashed()
+        self.forget_registrations()
         with contextlib.suppress(OSError):
             for path in self._dir.iterdir():
                 path.unlink()
@@ -215,15 +213,18 @@ class CoordinatorProcess:
 
     # -- helpers ---------------------------------------------------------------
 
-    def _forget_crashed(self) -> None:
-        """Remove the timing-registry entries of the launches kill() ended.
+    def forget_registrations(self) -> None:
+        """Remove the timing-registry entries of this object's stopped launches.
 
-        A crashed coordinator's entry lapses only after 30 s, and until then
-        no coordinator with other timings may start on that Redis: the next
-        test on a shared server would be refused.  Best effort: the server
-        may be gone already.
+        A coordinator's entry outlives it, binding the Redis to its timings
+        until the leases it granted have run out (30 s after a crash, its
+        routing lease after a stop): no coordinator with other timings may
+        start there meanwhile.  A test that is done with a coordinator, whose
+        members are gone, lets the next test on a shared server use other
+        timings at once.  Best effort: the server may be gone already.
         """
-        if not self._crashed:
+        ended = [i for i in self._launched if i != self.coordinator_id or not self.is_running()]
+        if not ended:
             return
         import redis
         from redis.cluster import RedisCluster
@@ -231,9 +232,9 @@ class CoordinatorProcess:
         prefix = self._env.get("STREAMKIT_SERVER_KEY_PREFIX", "redis-stream:coord")
         client = (RedisCluster if self.cluster else redis.Redis).from_url(self.redis_url)
         with contextlib.suppress(redis.RedisError, OSError):
-            client.hdel(f"{prefix}:coordinators", *self._crashed)
+            client.hdel(f"{prefix}:coordinators", *ended)
         client.close()
-        self._crashed.clear()
+        self._launched = [i for i in self._launched if i not in ended]
 
     def _launch_and_wait(self) -> None:
         env = dict(os.environ)
@@ -270,6 +271,8 @@ class CoordinatorProcess:
                     health = reply.json()
                     if reply.status_code == 200 and health.get("pid") == self._proc.pid:
                         self.coordinator_id = health.get("coordinatorId")
+                        if self.coordinator_id is not None:
+                            self._launched.append(self.coordinator_id)
                         return
                 time.sleep(0.05)
         self._terminate(signal.SIGKILL, 5.0)

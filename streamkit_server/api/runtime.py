@@ -167,7 +167,7 @@ class Runtime:
         if self.audit_stream is not None:
             await self.audit_stream.stop()
         if self.timings is not None:
-            # Gone at once, so the coordinators can be restarted with other timings.
+            # Marked stopped: other timings may start once its leases have run out.
             with contextlib.suppress(RedisError, OSError):
                 await self.timings.unregister()
         if self._client is not None:

@@ -8,13 +8,22 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anyio
 import pytest
 import redis
+import redis.asyncio
 
 from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit_server.core import CoordinatorConfig
-from streamkit_server.timings import LIVE_MS, coordinators_key, differences, encode
+from streamkit_server.timings import (
+    LIVE_MS,
+    TimingConflict,
+    Timings,
+    coordinators_key,
+    differences,
+    encode,
+)
 
 KEY = coordinators_key("redis-stream:coord")
 # CoordinatorProcess' default timings, as flags.
@@ -73,7 +82,7 @@ def test_a_coordinator_with_other_timings_is_refused_with_one_line(
     assert len(_entries(private_redis_server)) == 1
 
 
-def test_the_same_timings_start_and_a_stopped_process_frees_the_choice(
+def test_a_stopped_process_binds_its_timings_while_its_leases_may_run(
     private_redis_server: RedisServer, first: Callable[..., CoordinatorProcess]
 ) -> None:
     one, two = first(), first()  # same timings: both serve
@@ -81,28 +90,58 @@ def test_the_same_timings_start_and_a_stopped_process_frees_the_choice(
     assert len(_entries(private_redis_server)) == 2
     one.stop()
     two.stop()
-    # Both removed their entries on the way out: other timings may start now.
-    assert _entries(private_redis_server) == {}
-    changed = first(member_lease_ttl_ms=3_000)
-    assert changed.is_running()
-    (value,) = _entries(private_redis_server).values()
-    assert "memberLeaseTtlMs=3000" in value
+    # Both stopped, but a member one of them answered may still read (and a
+    # producer route for 30 s): a shorter lease would expire it sooner.
+    entries = _entries(private_redis_server)
+    assert len(entries) == 2 and all(v.endswith("|stopped") for v in entries.values())
+    result = _refused(
+        private_redis_server.url,
+        *["--heartbeat-interval-ms", "200", "--member-lease-ttl-ms", "1000"],
+        *["--rebalance-timeout-ms", "3000"],
+    )
+    assert result.returncode == 1, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "cannot start" in line]
+    assert "stopped on this Redis less than" in line and "1000 here and 1500 there" in line
+    # The same timings start at once.
+    assert first().is_running()
 
 
-def test_an_entry_not_refreshed_for_the_live_window_belongs_to_a_gone_process(
+async def test_other_timings_may_start_once_the_stopped_ones_leases_ran_out(
+    private_redis_server: RedisServer,
+) -> None:
+    client = redis.asyncio.Redis.from_url(private_redis_server.url)
+    short = CoordinatorConfig(
+        heartbeat_interval_ms=100, member_lease_ttl_ms=300, producer_routing_lease_ms=400
+    )
+    other = CoordinatorConfig(heartbeat_interval_ms=100, member_lease_ttl_ms=250)
+    try:
+        old = Timings(client, "redis-stream:coord", "coord-old", short)
+        new = Timings(client, "redis-stream:coord", "coord-new", other)
+        await old.register()
+        await old.unregister()
+        with pytest.raises(TimingConflict, match="stopped on this Redis less than 1 s ago"):
+            await new.register()
+        await anyio.sleep(0.5)  # the old process' routing lease (the longer one) ran out
+        await new.register()
+        assert set(await client.hgetall(KEY)) == {b"coord-new"}
+    finally:
+        await client.aclose()
+
+
+def test_an_entry_past_its_binding_time_belongs_to_a_gone_process(
     private_redis_server: RedisServer, first: Callable[..., CoordinatorProcess]
 ) -> None:
     client = redis.Redis.from_url(private_redis_server.url, decode_responses=True)
     try:
         stale = encode(CoordinatorConfig(member_lease_ttl_ms=60_000))
         now_ms = int(client.time()[0]) * 1000
-        # A crashed process' entry, last seen just over the window ago.
-        client.hset(KEY, "coord-crashed", f"{now_ms - LIVE_MS - 1000}|{stale}")
+        # A crashed process' entry, bound until a second ago.
+        client.hset(KEY, "coord-crashed", f"{now_ms - 1000}|{stale}")
         started = first()
         assert started.is_running()
         assert "coord-crashed" not in client.hgetall(KEY)
-        # Seen within the window: it counts, and other timings are refused.
-        client.hset(KEY, "coord-alive", f"{int(client.time()[0]) * 1000}|{stale}")
+        # Refreshed a moment ago (bound for the live window): other timings are refused.
+        client.hset(KEY, "coord-alive", f"{int(client.time()[0]) * 1000 + LIVE_MS}|{stale}")
     finally:
         client.close()
     result = _refused(private_redis_server.url, *SAME)
