@@ -14,16 +14,21 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-__all__ = ["CoordinatorTerminating", "TerminatingGate"]
+__all__ = ["CoordinatorSuspended", "CoordinatorTerminating", "TerminatingGate"]
 
 
 class CoordinatorTerminating(Exception):
     """Raised to a caller that arrives after the gate closed."""
 
 
+class CoordinatorSuspended(Exception):
+    """Raised to a caller while the process may not decide anything (``suspend``)."""
+
+
 class TerminatingGate:
     def __init__(self) -> None:
         self._terminating = False
+        self._suspended: str | None = None
         self._inside = 0
         self._idle = anyio.Event()
         self._idle.set()
@@ -36,14 +41,29 @@ class TerminatingGate:
     def inside(self) -> int:
         return self._inside
 
+    @property
+    def suspended(self) -> str | None:
+        """Why new critical sections are refused for now (None: they are not)."""
+        return self._suspended
+
     def close(self) -> None:
         """Enter terminating mode; idempotent."""
         self._terminating = True
+
+    def suspend(self, reason: str) -> None:
+        """Refuse new critical sections until ``resume``: this process found that
+        its decisions could contradict another live process's (other timings)."""
+        self._suspended = reason
+
+    def resume(self) -> None:
+        self._suspended = None
 
     @asynccontextmanager
     async def critical(self) -> AsyncIterator[None]:
         if self._terminating:
             raise CoordinatorTerminating("coordinator is shutting down; retry another instance")
+        if self._suspended is not None:
+            raise CoordinatorSuspended(self._suspended)
         if self._inside == 0:
             self._idle = anyio.Event()
         self._inside += 1

@@ -100,7 +100,16 @@ class TickLoop:
         if self.timings is not None:
             # Keeps this process' timings visible to coordinators starting later.
             with contextlib.suppress(RedisError, OSError):
-                await self.timings.refresh()
+                conflict = await self.timings.refresh()
+                # Another live process judges leases with other timings: every
+                # decision here (an expiry, a grant) could contradict one of
+                # its leases, so none is made until the conflict is gone.
+                if conflict is not None:
+                    service.gate.suspend(str(conflict))
+                elif service.gate.suspended is not None:
+                    service.gate.resume()
+            if service.gate.suspended is not None:
+                return
         if time.monotonic() - self._last_rebuild > _INDEX_REBUILD_S:
             self._last_rebuild = time.monotonic()
             await store.rebuild_index()

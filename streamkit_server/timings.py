@@ -134,6 +134,8 @@ class Timings:
         hold = max(LIVE_MS, self._lease_ms)
         reply = await self._script(keys=[key], args=[self.coordinator_id, self._encoded, hold])
         if int(reply[0]) == 1:
+            if self._warned_about is not None:
+                log.warning("this coordinator's timings are registered again; serving")
             self._warned_about = None
             return
         other, theirs = (v.decode() if isinstance(v, bytes) else str(v) for v in reply[1:3])
@@ -163,18 +165,21 @@ class Timings:
         except (RedisError, OSError) as exc:
             log.warning("could not register this coordinator's timings yet: %s", exc)
 
-    async def refresh(self) -> None:
-        """``register`` from the tick loop: a conflict is logged (once), not raised.
+    async def refresh(self) -> TimingConflict | None:
+        """``register`` from the tick loop: a conflict is logged (once) and returned.
 
-        Only possible if this process' entry lapsed (it stalled for ``LIVE_MS``)
-        and another process with other timings started meanwhile.
+        Only possible if this process' entry lapsed (it stalled past its
+        binding time) or it could not register at start-up, and another
+        process with other timings registered meanwhile.
         """
         try:
             await self.register()
         except TimingConflict as exc:
             if self._warned_about != str(exc):
                 self._warned_about = str(exc)
-                log.error("%s", exc)
+                log.error("%s; refusing to decide anything until that is resolved", exc)
+            return exc
+        return None
 
     async def unregister(self) -> None:
         """This process stops: its entry binds on until the leases it granted ran out."""

@@ -115,6 +115,11 @@ def create_app(
         # traffic moves away while in-flight work finishes.
         if runtime.gate.terminating:
             return JSONResponse({"status": "TERMINATING"}, status_code=503)
+        if runtime.gate.suspended is not None:
+            # Another live coordinator runs with other timings (see timings.py).
+            return JSONResponse(
+                {"status": "SUSPENDED", "reason": runtime.gate.suspended}, status_code=503
+            )
         # The pid lets a supervisor (and the test launcher) tell its own process
         # from another one that happens to answer on the port.
         return JSONResponse(
@@ -130,7 +135,8 @@ def create_app(
     async def readyz() -> Response:
         # Unauthenticated readiness, no details (getCoordinatorHealth has the reasons).
         down = (await runtime.health()).status is HealthStatus.DOWN
-        ready = not runtime.gate.terminating and not down
+        gate = runtime.gate
+        ready = not gate.terminating and gate.suspended is None and not down
         return Response(status_code=204 if ready else 503)
 
     def openapi() -> dict[str, Any]:

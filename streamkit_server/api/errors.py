@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamkit.protocol import ErrorResponse
 from streamkit_server.errors import ApiError, Rejected
-from streamkit_server.gate import CoordinatorTerminating
+from streamkit_server.gate import CoordinatorSuspended, CoordinatorTerminating
 from streamkit_server.mutex import MutexTimeout
 from streamkit_server.ratelimit import RateLimited
 from streamkit_server.security import AuthError
@@ -172,6 +172,10 @@ async def _terminating(request: Request, exc: Exception) -> JSONResponse:
     return error_response(503, "COORDINATOR_TERMINATING", str(exc), {"Retry-After": "1"})
 
 
+async def _suspended(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(503, "COORDINATOR_TIMINGS_CONFLICT", str(exc), {"Retry-After": "1"})
+
+
 async def _busy(request: Request, exc: Exception) -> JSONResponse:
     return error_response(503, "COORDINATOR_BUSY", str(exc), {"Retry-After": "1"})
 
@@ -246,6 +250,7 @@ def status_for(exc: BaseException) -> int:
     if isinstance(
         exc,
         CoordinatorTerminating
+        | CoordinatorSuspended
         | MutexTimeout
         | StoreError
         | RedisConnectionError
@@ -264,6 +269,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Rejected, _rejected)
     app.add_exception_handler(AuthError, _auth)
     app.add_exception_handler(CoordinatorTerminating, _terminating)
+    app.add_exception_handler(CoordinatorSuspended, _suspended)
     app.add_exception_handler(MutexTimeout, _busy)
     app.add_exception_handler(StoreError, _store)
     app.add_exception_handler(RedisConnectionError, _redis)

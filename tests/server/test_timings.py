@@ -9,9 +9,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 import redis
 import redis.asyncio
+from helpers import eventually
 
 from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -24,6 +26,8 @@ from streamkit_server.timings import (
     differences,
     encode,
 )
+
+from .sim import SimMember, create_group
 
 KEY = coordinators_key("redis-stream:coord")
 # CoordinatorProcess' default timings, as flags.
@@ -156,3 +160,46 @@ def test_differences_name_each_setting_that_differs() -> None:
     assert "STREAMKIT_SERVER_HEARTBEAT_INTERVAL_MS is 3000 here and 1000 there" in text
     assert "STREAMKIT_SERVER_PRODUCER_ROUTING_LEASE_MS is 30000 here and 5 there" in text
     assert "MEMBER_LEASE" not in text and differences(mine, mine)
+
+
+async def test_a_coordinator_that_finds_other_timings_registered_decides_nothing_until_gone(
+    private_redis_server: RedisServer, first: Callable[..., CoordinatorProcess]
+) -> None:
+    """A process whose entry lapsed (it stalled) while one with other timings
+    started: it suspends (503 on member calls and probes), and serves again
+    once the other one's entry is gone."""
+    coord = first()  # ticks every 100 ms
+    client = redis.asyncio.Redis.from_url(private_redis_server.url, decode_responses=True)
+    other = encode(CoordinatorConfig(member_lease_ttl_ms=60_000))
+    async with httpx.AsyncClient(timeout=10) as http:
+        await create_group(http, coord, "susp", "g", 2)
+        member = SimMember(http, coord.url, "susp", "g", "m0")
+        await member.heartbeat()
+
+        async def answered(status: int) -> bool:
+            nonlocal response
+            response = await member.post(member.body())
+            return response.status_code == status
+
+        response: httpx.Response | None = None
+
+        try:
+            # Its entry lapses; another process with other timings registers.
+            now_ms = int((await client.time())[0]) * 1000
+            await client.delete(KEY)
+            await client.hset(KEY, "coord-other", f"{now_ms + 60_000}|{other}")
+            await eventually(lambda: answered(503), within=10, what="a suspended coordinator")
+            assert response is not None
+            assert response.json()["errorCode"] == "COORDINATOR_TIMINGS_CONFLICT"
+            assert "memberLeaseTtlMs" not in response.text  # the settings' names, not the code's
+            assert "MEMBER_LEASE_TTL_MS is 1500 here and 60000 there" in response.text
+            health = await http.get(f"{coord.url}/healthz")
+            assert health.status_code == 503 and health.json()["status"] == "SUSPENDED"
+            assert (await http.get(f"{coord.url}/readyz")).status_code == 503
+            # The other process is gone: this one registers again and serves.
+            await client.delete(KEY)
+            await eventually(lambda: answered(200), within=10, what="the coordinator to serve")
+            assert (await http.get(f"{coord.url}/healthz")).status_code == 200
+            assert set(await client.hgetall(KEY)) == {coord.coordinator_id}
+        finally:
+            await client.aclose()
