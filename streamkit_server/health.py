@@ -42,6 +42,9 @@ class HealthFacts:
     tick_error: str | None
     #: Groups the last tick pass could not read (unknown schema/layout, corrupt).
     unreadable_groups: Sequence[str] = ()
+    #: Why the process decides nothing for now (another live coordinator runs
+    #: with other timings: see timings.py); None when it serves.
+    suspended: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +67,12 @@ def assess(facts: HealthFacts) -> HealthVerdict:
         reasons.append(f"Redis slow: PING took {facts.redis_rtt_s * 1000:.0f} ms")
     else:
         redis = f"UP ({facts.redis_rtt_s * 1000:.1f} ms)"
-    if facts.terminating:
+    if facts.suspended is not None:
+        # Down, not degraded: it answers nothing a member or admin asks for.
+        down = True
+        loop = "SUSPENDED"
+        reasons.append(f"suspended: {facts.suspended}")
+    elif facts.terminating:
         loop = "TERMINATING"
         reasons.append("terminating: new heartbeats and admin mutations are refused")
     elif not facts.loop_running:

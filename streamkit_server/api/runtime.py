@@ -194,6 +194,7 @@ class Runtime:
             tick_interval_s=interval_s,
             tick_error=tick.last_error if tick is not None else None,
             unreadable_groups=tick.unreadable if tick is not None else (),
+            suspended=self.gate.suspended,
         )
         verdict = assess(facts)
         return HealthResponse(

@@ -159,6 +159,10 @@ def test_health_rules_without_a_server() -> None:
     assert unreadable.status == "DEGRADED" and "a/b" in unreadable.reasons[0]
     both = assess(HealthFacts(None, "TimeoutError", True, False, None, 1.0, None, ("a/b",)))
     assert both.status == "DOWN" and len(both.reasons) == 3
+    why = "coordinator coord-1 on this Redis runs with other timings"
+    suspended = assess(HealthFacts(0.001, None, False, True, 0.0, 1.0, None, (), why))
+    assert suspended.status == "DOWN" and suspended.loop == "SUSPENDED"
+    assert suspended.reasons == (f"suspended: {why}",)
 
 
 async def test_health_names_its_reasons_and_needs_read(

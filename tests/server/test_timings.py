@@ -13,7 +13,7 @@ import httpx
 import pytest
 import redis
 import redis.asyncio
-from helpers import eventually
+from helpers import API, eventually
 
 from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -196,6 +196,9 @@ async def test_a_coordinator_that_finds_other_timings_registered_decides_nothing
             health = await http.get(f"{coord.url}/healthz")
             assert health.status_code == 503 and health.json()["status"] == "SUSPENDED"
             assert (await http.get(f"{coord.url}/readyz")).status_code == 503
+            path = f"{API}/monitoring/health"
+            report = (await http.get(f"{coord.url}{path}", auth=coord.admin_auth)).json()
+            assert report["status"] == "DOWN" and report["loop"] == "SUSPENDED"
             # The other process is gone: this one registers again and serves.
             await client.delete(KEY)
             await eventually(lambda: answered(200), within=10, what="the coordinator to serve")
