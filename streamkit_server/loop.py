@@ -108,6 +108,7 @@ class TickLoop:
                     service.gate.suspend(str(conflict))
                 elif service.gate.suspended is not None:
                     service.gate.resume()
+                service.metrics.suspended.set(0 if service.gate.suspended is None else 1)
             if service.gate.suspended is not None:
                 return
         if time.monotonic() - self._last_rebuild > _INDEX_REBUILD_S:

@@ -140,6 +140,12 @@ class Metrics:
             "1 once the process entered terminating mode.",
             registry=r,
         )
+        self.suspended = Gauge(
+            "redis_stream_coord_suspended",
+            "1 while the process decides nothing because another live coordinator on"
+            " its Redis runs with other timing settings.",
+            registry=r,
+        )
         self.resharding_age_seconds = Gauge(
             "redis_stream_coord_resharding_active_age_seconds",
             "Age of the stream's active migration (alert when it exceeds the drain window).",

@@ -27,7 +27,7 @@ from streamkit_server.timings import (
     encode,
 )
 
-from .sim import SimMember, create_group
+from .sim import SimMember, create_group, metric
 
 KEY = coordinators_key("redis-stream:coord")
 # CoordinatorProcess' default timings, as flags.
@@ -199,10 +199,13 @@ async def test_a_coordinator_that_finds_other_timings_registered_decides_nothing
             path = f"{API}/monitoring/health"
             report = (await http.get(f"{coord.url}{path}", auth=coord.admin_auth)).json()
             assert report["status"] == "DOWN" and report["loop"] == "SUSPENDED"
+            gauge = "redis_stream_coord_suspended"
+            assert await metric(http, coord, gauge) == 1
             # The other process is gone: this one registers again and serves.
             await client.delete(KEY)
             await eventually(lambda: answered(200), within=10, what="the coordinator to serve")
             assert (await http.get(f"{coord.url}/healthz")).status_code == 200
+            assert await metric(http, coord, gauge) == 0
             assert set(await client.hgetall(KEY)) == {coord.coordinator_id}
         finally:
             await client.aclose()
