@@ -97,7 +97,8 @@ def _app(coordinator: Any, target: RedisTarget, base: str, prefix: str, group: s
 
     @app.stream_listener(stream_prefix=prefix, group=group, block_ms=200)
     async def handle(msg: Message) -> None:
-        app.handled.append(msg.id)  # type: ignore[attr-defined]
+        # By stream and id: two shards' entries may get the same id (same millisecond).
+        app.handled.append((msg.stream_key, msg.id))  # type: ignore[attr-defined]
         await msg.ack()
 
     return app
@@ -122,8 +123,9 @@ async def test_member_without_redis_gives_shards_to_one_with_redis(
     both = ["cut-m0", "healthy-m0"]
     caplog.set_level(logging.INFO, logger="streamkit.consumer")
 
-    async def publish() -> set[str]:
-        return {(await redis.xadd(f"{prefix}:{s}", {"n": str(s)})).decode() for s in range(SHARDS)}
+    async def publish() -> set[tuple[str, str]]:
+        keys = [f"{prefix}:{s}" for s in range(SHARDS)]
+        return {(key, (await redis.xadd(key, {"n": key})).decode()) for key in keys}
 
     try:
         async with serving(cut), serving(healthy):
@@ -196,7 +198,7 @@ async def test_app_rides_out_a_redis_restart(
                 await eventually(
                     lambda: _settled(admin, prefix, group, ["restart-m0"]), 20, "joining"
                 )
-                first = (await client.xadd(f"{prefix}:0", {"n": "1"})).decode()
+                first = (f"{prefix}:0", (await client.xadd(f"{prefix}:0", {"n": "1"})).decode())
                 await eventually(lambda: first in app.handled, 10, "the first message")
 
                 server.kill()
@@ -215,7 +217,7 @@ async def test_app_rides_out_a_redis_restart(
                 # A new client: the old one's pooled connection died with the server.
                 await client.aclose()
                 client = redis_client(target)
-                second = (await client.xadd(f"{prefix}:1", {"n": "2"})).decode()
+                second = (f"{prefix}:1", (await client.xadd(f"{prefix}:1", {"n": "2"})).decode())
                 await eventually(lambda: second in app.handled, 10, "a message after the restart")
         finally:
             await client.aclose()
