@@ -143,8 +143,8 @@ class Timings:
         what = differences(self._encoded, theirs)
         if int(reply[4]):
             raise TimingConflict(
-                f"coordinator {other} stopped on this Redis less than {wait_s} s ago with "
-                f"other timings ({what}), and leases it granted may still run: a member it "
+                f"coordinator {other} stopped on this Redis with other timings ({what}), "
+                f"and leases it granted may still run for up to {wait_s} s: a member it "
                 "promised a longer lease would be expired here while it still reads. Start "
                 f"this one with the same values, or in {wait_s} s"
             )
