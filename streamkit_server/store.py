@@ -80,6 +80,32 @@ INDEX_SEPARATOR: Final = "\x00"
 #: catches up by reading only the member records written since.
 WRITE_LOG_SIZE: Final = 64
 
+# Shared by the load and steady-write scripts: the member ids that the writes
+# after the caller's copy (revision ``have``, writeId ``wid``) up to revision
+# ``cur`` wrote, or nil unless the write log proves the chain: every entry
+# still there, the copy's own entry with its writeId, every later write a
+# member-only one, and (``mine`` given) none of them a write of those members.
+_WRITES_SINCE = """
+local function writes_since(key, have, wid, cur, size, mine)
+  if not (have and cur and size and cur > have and cur - have < size) then return nil end
+  local ids = {}
+  for r = have, cur do
+    local raw = redis.call('HGET', key, 'log:' .. string.format('%d', r % size))
+    local e = raw and cjson.decode(raw)
+    if not e or e[1] ~= r or (r == have and e[2] ~= wid) or (r > have and e[3] ~= 0) then
+      return nil
+    end
+    if r > have then
+      for _, id in ipairs(e[4]) do
+        if mine and mine[id] then return nil end
+        ids[#ids + 1] = id
+      end
+    end
+  end
+  return ids
+end
+"""
+
 # KEYS: mutex, metadata.  ARGV: token ('' = read without locking), ttl ms,
 # the (revision, writeId) of the copy the caller has parsed already, the size
 # of the write log.  Reply: {0} mutex busy; {2, exists} no group; otherwise
@@ -107,27 +133,14 @@ if m[3] == '1' then
 end
 if m[3] ~= '2' then head[7] = 'unsupported' return head end
 if m[1] == ARGV[3] and m[5] == ARGV[4] then head[7] = 'same' return head end
-local have, now, size = tonumber(ARGV[3]), tonumber(m[1]), tonumber(ARGV[5])
-if have and now and now > have and now - have < size then
-  local ids, ok = {}, true
-  for r = have, now do
-    local raw = redis.call('HGET', KEYS[2], 'log:' .. string.format('%d', r % size))
-    if not raw then ok = false break end
-    local e = cjson.decode(raw)
-    if e[1] ~= r then ok = false break end
-    if r == have then
-      if e[2] ~= ARGV[4] then ok = false break end
-    elseif e[3] ~= 0 then ok = false break
-    else for _, id in ipairs(e[4]) do ids[#ids + 1] = id end end
+local ids = writes_since(KEYS[2], tonumber(ARGV[3]), ARGV[4], tonumber(m[1]), tonumber(ARGV[5]))
+if ids then
+  head[7] = 'delta'
+  for _, id in ipairs(ids) do
+    head[#head + 1] = id
+    head[#head + 1] = redis.call('HGET', KEYS[2], 'm:' .. id) or false
   end
-  if ok then
-    head[7] = 'delta'
-    for _, id in ipairs(ids) do
-      head[#head + 1] = id
-      head[#head + 1] = redis.call('HGET', KEYS[2], 'm:' .. id) or false
-    end
-    return head
-  end
+  return head
 end
 head[7] = 'full'
 local all = redis.call('HGETALL', KEYS[2])
@@ -163,26 +176,11 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
       mine[id] = true
       ids[#ids + 1] = id
     end
-    local ok, others = c[1] == ARGV[3] and c[2] == ARGV[4], {}
-    if not ok and cur > have and cur - have < size then
-      ok = true
-      for r = have, cur do
-        local raw = redis.call('HGET', KEYS[2], 'log:' .. string.format('%d', r % size))
-        local e = raw and cjson.decode(raw)
-        if not e or e[1] ~= r or (r == have and e[2] ~= ARGV[4]) or (r > have and e[3] ~= 0) then
-          ok = false
-          break
-        end
-        if r > have then
-          for _, id in ipairs(e[4]) do
-            if mine[id] then ok = false break end
-            others[#others + 1] = id
-          end
-          if not ok then break end
-        end
-      end
+    local others = {}
+    if c[1] ~= ARGV[3] or c[2] ~= ARGV[4] then
+      others = writes_since(KEYS[2], have, ARGV[4], cur, size, mine)
     end
-    if ok then
+    if others then
       local rev = string.format('%d', cur + 1)
       redis.call('HSET', KEYS[2], 'revision', rev, 'writeId', ARGV[6],
         'log:' .. string.format('%d', (cur + 1) % size), cjson.encode({cur + 1, ARGV[6], 0, ids}))
@@ -350,8 +348,8 @@ class MetadataStore:
         self.metrics = metrics
         self.index_key = f"{key_prefix}:groups"
         # Registered once; redis-py sends EVALSHA and reloads on NOSCRIPT.
-        self._load: AsyncScript = client.register_script(_LOAD)
-        self._steady: AsyncScript = client.register_script(_STEADY_PRELUDE + _LOAD)
+        self._load: AsyncScript = client.register_script(_WRITES_SINCE + _LOAD)
+        self._steady: AsyncScript = client.register_script(_WRITES_SINCE + _STEADY_PRELUDE + _LOAD)
         self._commit: AsyncScript = client.register_script(_COMMIT)
         self._delete: AsyncScript = client.register_script(_DELETE)
         self._release: AsyncScript = client.register_script(_RELEASE)
