@@ -181,7 +181,7 @@ class Timings:
             return exc
         return None
 
-    async def unregister(self) -> None:
+    async def mark_stopped(self) -> None:
         """This process stops: its entry binds on until the leases it granted ran out."""
         key = coordinators_key(self.key_prefix)
         await self._stop(keys=[key], args=[self.coordinator_id, self._encoded, self._lease_ms])

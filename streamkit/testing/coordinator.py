@@ -229,10 +229,16 @@ class CoordinatorProcess:
         import redis
         from redis.cluster import RedisCluster
 
-        prefix = self._env.get("STREAMKIT_SERVER_KEY_PREFIX", "redis-stream:coord")
+        # Imported here: the client package does not need the server, but a
+        # coordinator launched by this class is that server.
+        from streamkit_server.settings import ServerSettings
+        from streamkit_server.timings import coordinators_key
+
+        default_prefix = ServerSettings.model_fields["key_prefix"].default
+        prefix = self._env.get("STREAMKIT_SERVER_KEY_PREFIX", default_prefix)
         client = (RedisCluster if self.cluster else redis.Redis).from_url(self.redis_url)
         with contextlib.suppress(redis.RedisError, OSError):
-            client.hdel(f"{prefix}:coordinators", *ended)
+            client.hdel(coordinators_key(prefix), *ended)
         client.close()
         self._launched = [i for i in self._launched if i not in ended]
 

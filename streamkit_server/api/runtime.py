@@ -169,7 +169,7 @@ class Runtime:
         if self.timings is not None:
             # Marked stopped: other timings may start once its leases have run out.
             with contextlib.suppress(RedisError, OSError):
-                await self.timings.unregister()
+                await self.timings.mark_stopped()
         if self._client is not None:
             await self._client.aclose()
 

@@ -227,6 +227,11 @@ def stored_after(
 Op = Callable[[GroupMetadata], "Result[Any] | list[Result[Any]]"]
 
 
+def upserted_members(changes: Sequence[Change]) -> frozenset[str]:
+    """The member records a write names in the write log."""
+    return frozenset(c.member.member_id for c in changes if isinstance(c, MemberUpserted))
+
+
 def answered(response: HeartbeatResponse | None) -> HeartbeatResponse:
     """A heartbeat the pinned schedules expect answered (not refused)."""
     assert response is not None
@@ -273,7 +278,7 @@ class CoordinatorProcess:
         changes = merge_changes(result.changes for result in results)
         if not changes or not steady(changes):
             return False
-        mine = frozenset(c.member.member_id for c in changes if isinstance(c, MemberUpserted))
+        mine = upserted_members(changes)
         if not self.redis.passed_only_by_others(copy, mine):
             return False
         revision, current = self.redis.current
@@ -330,7 +335,7 @@ class CoordinatorProcess:
             return loaded
         stored = stored_after(loaded, state, changes)
         assert stored == state, ("changes do not describe the step", changes, diff(stored, state))
-        mine = frozenset(c.member.member_id for c in changes if isinstance(c, MemberUpserted))
+        mine = upserted_members(changes)
         written = self.redis.commit(revision, stored, document=document, written=mine)
         self.copy = self.redis.history[-1]
         self.highest, _ = observe(self.highest, written, stored, locked=True)

@@ -122,7 +122,7 @@ async def test_other_timings_may_start_once_the_stopped_ones_leases_ran_out(
         old = Timings(client, "redis-stream:coord", "coord-old", short)
         new = Timings(client, "redis-stream:coord", "coord-new", other)
         await old.register()
-        await old.unregister()
+        await old.mark_stopped()
         with pytest.raises(TimingConflict, match="may still run for up to 1 s"):
             await new.register()
         await anyio.sleep(0.5)  # the old process' routing lease (the longer one) ran out
