@@ -77,6 +77,13 @@ class Metrics:
             " (another process's heartbeats) had passed; their records came back with it.",
             registry=r,
         )
+        self.token_version_reads = Counter(
+            "redis_stream_coord_token_version_reads_total",
+            "Token versions looked up for bearer requests, by source: 'cache' (kept"
+            " current by Redis's invalidation pushes) or 'redis' (an HGET).",
+            ["source"],
+            registry=r,
+        )
         self.heartbeats_routed = Counter(
             "redis_stream_coord_heartbeat_full_route_total",
             "Heartbeats answered through the FastAPI route instead of the lean"

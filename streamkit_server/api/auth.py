@@ -13,7 +13,7 @@ from streamkit_server.api.audit import audited
 from streamkit_server.api.deps import AUTHORIZE, Caller, login_guard, runtime
 from streamkit_server.errors import ApiError
 from streamkit_server.security import AuthError
-from streamkit_server.token_versions import current_version, revoke
+from streamkit_server.token_versions import current_version
 
 router = APIRouter(prefix=API_PREFIX, tags=["Authentication"], dependencies=[AUTHORIZE])
 
@@ -74,5 +74,5 @@ async def revoke_tokens(request: Request, username: Username, principal: Caller)
     if rt.authenticator.roles_of(username) is None:
         raise ApiError(404, "NOT_FOUND", "no such principal")
     async with audited(request):
-        version = await revoke(rt.client, rt.settings.key_prefix, username)
+        version = await rt.token_versions.revoke(username)
     return JSONResponse({"username": username, "tokenVersion": version})

@@ -13,7 +13,6 @@ from streamkit_server.errors import ApiError
 from streamkit_server.provisioning import validate_consumer_group, validate_stream_prefix
 from streamkit_server.security import AuthError, Principal, Role, basic_username
 from streamkit_server.store import GroupKeys
-from streamkit_server.token_versions import current_version
 
 __all__ = [
     "AUTHORIZE",
@@ -82,8 +81,9 @@ async def verified_principal(rt: Runtime, authorization: str | None) -> Principa
     """The principal of an ``Authorization`` header; AuthError if invalid or revoked."""
     principal = rt.authenticator.authenticate(authorization)
     if principal is not None and principal.token_version is not None:
-        # One HGET per bearer request: a revoke is seen by every process at once.
-        version = await current_version(rt.client, rt.settings.key_prefix, principal.username)
+        # Cached, kept honest by Redis's invalidation pushes (token_versions.py):
+        # a revoke is seen by every process at once, without a read per request.
+        version = await rt.token_versions.current(principal.username)
         if principal.token_version != version:
             raise AuthError("bearer token has been revoked; log in again", bearer_error=True)
     return principal

@@ -30,6 +30,7 @@ from streamkit_server.settings import ServerSettings
 from streamkit_server.store import MetadataStore, RedisClient
 from streamkit_server.timings import Timings
 from streamkit_server.token_secret import shared_token_secret
+from streamkit_server.token_versions import TokenVersions
 
 __all__ = ["Runtime", "make_redis_client"]
 
@@ -77,12 +78,20 @@ class Runtime:
         self.audit_stream: AuditStream | None = None
         self.timings: Timings | None = None
         self.metrics_listener: MetricsListener | None = None
+        self._token_versions: TokenVersions | None = None
+        self._watch_task: asyncio.Task[None] | None = None
 
     @property
     def client(self) -> RedisClient:
         if self._client is None:
             raise RuntimeError("the coordinator runtime has not been started")
         return self._client
+
+    @property
+    def token_versions(self) -> TokenVersions:
+        if self._token_versions is None:
+            raise RuntimeError("the coordinator runtime has not been started")
+        return self._token_versions
 
     @property
     def service(self) -> CoordinatorService:
@@ -108,6 +117,12 @@ class Runtime:
             self.authenticator.secret = await shared_token_secret(
                 self._client, self.settings.key_prefix
             )
+        self._token_versions = TokenVersions(
+            self._client, self.settings.key_prefix, self.metrics.token_version_reads
+        )
+        self._watch_task = asyncio.create_task(
+            self._token_versions.watch(), name="streamkit-token-versions"
+        )
         store = MetadataStore(self._client, self.settings.key_prefix, self.metrics)
         self._service = CoordinatorService(
             store, Provisioner(self._client), self.settings, self.metrics, self.gate
@@ -158,10 +173,11 @@ class Runtime:
         self.begin_terminating()
         # In-flight critical sections finish their write and release the mutex.
         await self.gate.wait_idle(self.settings.mutex_ttl_ms / 1000)
-        if self._tick_task is not None:
-            self._tick_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._tick_task
+        for task in (self._tick_task, self._watch_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.metrics_listener is not None:
             await self.metrics_listener.stop()
         if self.audit_stream is not None:

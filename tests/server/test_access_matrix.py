@@ -163,6 +163,15 @@ async def test_revoke_and_secret_rotation_across_processes(
             # Signed with the old secret: still accepted by the rotated process.
             assert (await http.get(f"{second.url}{groups}", headers=bearer)).status_code == 200
             assert (await http.get(f"{coord.url}/metrics", headers=bearer)).status_code == 200
+            # Repeated bearer requests find the token version in the process's cache.
+            for _ in range(5):
+                assert (await http.get(f"{coord.url}{groups}", headers=bearer)).status_code == 200
+            metrics = (await http.get(f"{coord.url}/metrics", headers=bearer)).text
+            cached = 'redis_stream_coord_token_version_reads_total{source="cache"}'
+            assert any(
+                line.startswith(cached) and float(line.split()[-1]) >= 1
+                for line in metrics.splitlines()
+            ), metrics
             # WRITE is needed to revoke; the reader may not revoke itself.
             path = f"{API}/admin/principals/reader/revoke-tokens"
             assert (await http.post(f"{coord.url}{path}", headers=bearer)).status_code == 403
