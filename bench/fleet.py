@@ -209,6 +209,11 @@ async def _batch_sizes(coords: list[CoordinatorProcess]) -> tuple[float, float, 
                     # Not a locked write: one-round-trip writes that also caught
                     # the copy up on another process's member writes.
                     locked["(catch-ups)"] = locked.get("(catch-ups)", 0.0) + float(line.split()[-1])
+                elif line.startswith("redis_stream_coord_steady_pipeline_size_sum "):
+                    # Steady writes that shared a pipeline (script_batch.py).
+                    locked["(pipelined)"] = locked.get("(pipelined)", 0.0) + float(line.split()[-1])
+                elif line.startswith("redis_stream_coord_steady_pipeline_size_count "):
+                    locked["(pipelines)"] = locked.get("(pipelines)", 0.0) + float(line.split()[-1])
     return total, count, locked
 
 
@@ -285,11 +290,17 @@ def _scenario(redis: RedisServer, processes: int, args: argparse.Namespace) -> N
     }
     sections = max(1.0, batches1[1] - batches0[1])
     catch_ups = locked.pop("(catch-ups)", 0.0)
+    pipelined = locked.pop("(pipelined)", 0.0)
+    pipelines = locked.pop("(pipelines)", 0.0)
     print(f"  locked-path writes     {sum(locked.values()) / sections:8.1%} of critical sections "
           f"{dict(sorted(locked.items()))}")  # fmt: skip
     print(
         f"  steady catch-ups       {catch_ups / sections:8.1%} of critical sections "
         "(one round trip on a copy another process's member writes had passed)"
+    )
+    print(
+        f"  shared pipelines       {pipelined / sections:8.1%} of critical sections "
+        f"wrote in one with others (mean {pipelined / max(1.0, pipelines):.1f} writes each)"
     )
     print(f"  members per coordinator core at 3 s interval: {3 / cpu_per_hb:,.0f}")
     # The same fleet at its real pace: the fixed cost per second plus each

@@ -84,6 +84,14 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        self.steady_pipeline_sizes = Histogram(
+            "redis_stream_coord_steady_pipeline_size",
+            "Steady writes sent together in one pipeline: those that arrived while"
+            " another was in flight (a write that finds none in flight goes alone and"
+            " is not counted here).",
+            buckets=(2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
         self.heartbeats_routed = Counter(
             "redis_stream_coord_heartbeat_full_route_total",
             "Heartbeats answered through the FastAPI route instead of the lean"

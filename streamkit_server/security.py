@@ -50,6 +50,9 @@ _ALIASES: Final[dict[str, frozenset[Role]]] = {
 ADMIN_ROLES: Final = frozenset(Role)
 REALM: Final = "streamkit-coordinator"
 _VERIFIED_CACHE: Final = 256
+#: Bearer tokens verified recently; a fleet's members reuse one token each for
+#: its lifetime, so this holds every member of a large fleet.
+_TOKEN_CACHE: Final = 16_384
 
 
 def expand_roles(names: list[str] | frozenset[str]) -> frozenset[Role]:
@@ -129,6 +132,10 @@ class Authenticator:
         # (username, sha256(password)) of recent good Basic checks: scrypt on
         # every Basic heartbeat would cost tens of milliseconds of CPU each.
         self._verified: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        # (token, secrets) -> (principal, expiry) of tokens that passed every
+        # check: the signature, claims and credential checks are a pure function
+        # of these, and cost more than the rest of a heartbeat's authentication.
+        self._tokens: dict[tuple[str, bytes | None, tuple[bytes, ...]], tuple[Principal, int]] = {}
 
     def _fingerprint(self, username: str) -> str | None:
         if username == self.admin_username:
@@ -194,6 +201,21 @@ class Authenticator:
 
     def verify(self, token: str, now: float | None = None) -> Principal:
         """Signature, expiry and credential checks; the caller checks ``token_version``."""
+        key = (token, self.secret, self.previous_secrets)
+        known = self._tokens.get(key)
+        if known is None:
+            principal, expires = self._verify(token, now)
+            if len(self._tokens) >= _TOKEN_CACHE:
+                del self._tokens[next(iter(self._tokens))]  # the oldest entry
+            self._tokens[key] = (principal, expires)
+            return principal
+        principal, expires = known
+        if (time.time() if now is None else now) >= expires:
+            del self._tokens[key]
+            raise AuthError("bearer token has expired", bearer_error=True)
+        return principal
+
+    def _verify(self, token: str, now: float | None) -> tuple[Principal, int]:
         body, sep, signature = token.partition(".")
         if not sep or not self._signed(body, signature):
             raise AuthError("bearer token signature is invalid", bearer_error=True)
@@ -213,12 +235,12 @@ class Authenticator:
         if current is None or expected is None:
             # A service token minted with the secret for a name not configured
             # here: it carries its own roles (revocable by name all the same).
-            return Principal(subject, roles, "bearer", version)
+            return Principal(subject, roles, "bearer", version), expires
         if not hmac.compare_digest(cred, expected):
             # The password changed since issue: the token is stale.
             raise AuthError("bearer token is no longer valid; log in again", bearer_error=True)
         # Roles removed from the principal since issue are gone from its tokens too.
-        return Principal(subject, roles & current, "bearer", version)
+        return Principal(subject, roles & current, "bearer", version), expires
 
     def authenticate(self, authorization: str | None) -> Principal | None:
         """The principal of an ``Authorization`` header; None when there is none."""

@@ -55,6 +55,7 @@ from streamkit_server.core import (
     steady,
 )
 from streamkit_server.metrics import Metrics
+from streamkit_server.script_batch import ScriptBatcher
 
 __all__ = [
     "INDEX_SEPARATOR",
@@ -350,6 +351,8 @@ class MetadataStore:
         # Registered once; redis-py sends EVALSHA and reloads on NOSCRIPT.
         self._load: AsyncScript = client.register_script(_WRITES_SINCE + _LOAD)
         self._steady: AsyncScript = client.register_script(_WRITES_SINCE + _STEADY_PRELUDE + _LOAD)
+        # Concurrent steady writes (of any groups) share a round trip.
+        self._steady_batch = ScriptBatcher(client, self._steady, metrics.steady_pipeline_sizes)
         self._commit: AsyncScript = client.register_script(_COMMIT)
         self._delete: AsyncScript = client.register_script(_DELETE)
         self._release: AsyncScript = client.register_script(_RELEASE)
@@ -483,7 +486,7 @@ class MetadataStore:
         records = _member_records(group, changes)
         try:
             try:
-                reply = await self._steady(
+                reply = await self._steady_batch(
                     keys=[keys.mutex, keys.metadata],
                     args=[token, ttl_ms, *_known(cached), WRITE_LOG_SIZE, write_id, *records],
                 )

@@ -123,8 +123,14 @@ def test_a_password_change_invalidates_tokens_and_a_previous_secret_still_verifi
     principal = old.check_password("dash", "one")
     assert principal is not None and principal.roles == {Role.READ}
     assert old.check_password("dash", "two") is None and old.check_password("nobody", "one") is None
-    token, _ = old.issue(principal, version=3)
+    token, expires = old.issue(principal, version=3)
     assert old.verify(token).token_version == 3
+    # A verified token is remembered, and still expires on time.
+    assert old.verify(token) == old.verify(token, now=expires - 1)
+    with pytest.raises(AuthError, match="expired"):
+        old.verify(token, now=expires)
+    with pytest.raises(AuthError, match="signature"):
+        old.verify(token[:-2] + ("AA" if token[-2:] != "AA" else "BB"))
     with pytest.raises(AuthError):
         _auth({"dash": hash_password("two")}).verify(token)
     service = _auth({}).verify(token)  # not configured here: a service token, its own roles
