@@ -27,7 +27,7 @@ from streamkit_server.api.audit import AuditMiddleware
 from streamkit_server.api.console import mount_console
 from streamkit_server.api.deps import authorize
 from streamkit_server.api.errors import BodyLimitMiddleware, install_error_handlers
-from streamkit_server.api.heartbeat_path import HeartbeatPath
+from streamkit_server.api.heartbeat_path import CoordinatorApp, HeartbeatPath
 from streamkit_server.api.links import add_links
 from streamkit_server.api.runtime import Runtime
 from streamkit_server.settings import ServerSettings
@@ -83,7 +83,7 @@ def create_app(
         finally:
             await runtime.stop()
 
-    app = FastAPI(
+    app = CoordinatorApp(
         title="Redis Stream Coordinator API (streamkit)",
         version="v1",
         lifespan=lifespan,

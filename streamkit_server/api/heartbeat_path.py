@@ -18,7 +18,13 @@ rate limit, a refusal of the core, Redis down) are rendered by the app's
 exception handlers, the ones the route would have used.
 
 It sits inside the request-metrics, audit and body-limit middlewares, so
-heartbeats are timed, refusals audited and bodies capped as before.
+heartbeats are timed, refusals audited and bodies capped as before.  And
+heartbeats enter the app *at* those middlewares (``CoordinatorApp``): FastAPI's
+and Starlette's own outer layers (the app call, the server-error, telemetry
+and body-limit middlewares) would each wrap every heartbeat and its two
+``send`` calls again, for nothing a heartbeat needs except the 500 of an
+unexpected error, which the entry keeps (one ``ServerErrorMiddleware`` with
+the app's own handler).
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.datastructures import Headers
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,6 +46,7 @@ from streamkit_server.api import members
 from streamkit_server.api.bodies import HeartbeatRequest
 from streamkit_server.api.deps import rate_limit_member, verified_principal
 from streamkit_server.api.errors import is_json
+from streamkit_server.api.performance import RequestMetricsMiddleware
 from streamkit_server.api.runtime import Runtime
 from streamkit_server.errors import Rejected
 from streamkit_server.provisioning import (
@@ -47,13 +56,53 @@ from streamkit_server.provisioning import (
 )
 from streamkit_server.security import AuthError, Principal
 
-__all__ = ["HeartbeatPath"]
+__all__ = ["CoordinatorApp", "HeartbeatPath"]
 
 # Starlette matches a ``{name}`` path segment as ``[^/]+`` of the decoded path.
 _PATH = re.compile(
     rf"{re.escape(API_PREFIX)}/streams/([^/]+)/groups/([^/]+)/members/([^/]+)/heartbeat"
 )
 _JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+def _claims(scope: Scope) -> bool:
+    """Whether ``scope`` is a request the heartbeat path looks at."""
+    return (
+        scope["type"] == "http"
+        and scope["method"] == "POST"
+        and not scope.get("root_path")
+        and _PATH.fullmatch(scope["path"]) is not None
+    )
+
+
+class CoordinatorApp(FastAPI):
+    """FastAPI, with heartbeats entering at the coordinator's own middlewares."""
+
+    _heartbeats: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        entry = self._heartbeats
+        if entry is None and self.middleware_stack is not None:
+            entry = self._heartbeats = self._heartbeat_entry(self.middleware_stack)
+        if entry is not None and _claims(scope):
+            scope["app"] = self  # what Starlette.__call__ sets (exception handlers)
+            await entry(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    @staticmethod
+    def _heartbeat_entry(stack: ASGIApp) -> ASGIApp | None:
+        """The built stack from the outermost coordinator middleware down, under
+        the top of the stack's own ``ServerErrorMiddleware``; None if not found
+        (the app then serves heartbeats through its whole stack)."""
+        if not isinstance(stack, ServerErrorMiddleware):
+            return None
+        node: Any = stack.app
+        for _ in range(16):  # the built stack is a short chain of ``.app``
+            if isinstance(node, RequestMetricsMiddleware):
+                return ServerErrorMiddleware(node, handler=stack.handler, debug=stack.debug)
+            node = getattr(node, "app", None)
+        return None
 
 
 class _Fallback(Exception):
