@@ -33,6 +33,7 @@ rewriting the group).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import secrets
@@ -342,6 +343,18 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
+# Write ids and mutex tokens need only be unique (no one guesses them: every
+# writer is a coordinator).  A random per-process prefix and a counter are
+# that, without a system call for random bytes twice per heartbeat.
+_ID_PREFIX: Final = secrets.token_hex(6)
+_ID_COUNTER = itertools.count()
+
+
+def unique_id() -> str:
+    """A write id or mutex token no other write or holder has, in any process."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):x}"
+
+
 class MetadataStore:
     def __init__(self, client: RedisClient, key_prefix: str, metrics: Metrics) -> None:
         self.client = client
@@ -482,7 +495,7 @@ class MetadataStore:
         keys = cached.keys
         if cached.layout_version != LAYOUT_VERSION or not steady(changes):
             raise ValueError("commit_steady takes member-only changes to a layout-2 group")
-        write_id = secrets.token_hex(8)
+        write_id = unique_id()
         records = _member_records(group, changes)
         try:
             try:
@@ -543,7 +556,7 @@ class MetadataStore:
         whole = loaded is None or loaded.layout_version != LAYOUT_VERSION
         document = whole or not steady(changes)
         revision = 1 if loaded is None else loaded.revision + 1
-        write_id = secrets.token_hex(8)
+        write_id = unique_id()
         # Stamped on document writes only: a steady heartbeat sends no more
         # than it must (its member record carries its own time).
         updated_at = _now_iso() if document or loaded is None else loaded.updated_at
@@ -606,9 +619,7 @@ class MetadataStore:
 
     @staticmethod
     def new_token() -> str:
-        # 64 random bits: unique among the holders of one mutex, and short,
-        # since it is sent twice per heartbeat.
-        return secrets.token_hex(8)
+        return unique_id()
 
     async def try_lock(self, key: str, token: str, ttl_ms: int) -> bool:
         return bool(await self.client.set(key, token, nx=True, px=ttl_ms))

@@ -10,6 +10,7 @@ window, so longer sequences reach it).
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 from collections.abc import Iterator
@@ -20,10 +21,16 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from starlette.middleware.errors import ServerErrorMiddleware
 
 from streamkit.protocol import API_PREFIX
 from streamkit.testing import RedisServer, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
+from streamkit_server.api import create_app
+from streamkit_server.api.heartbeat_path import CoordinatorApp
+from streamkit_server.api.members import OPERATION_ID
+from streamkit_server.api.performance import RequestMetricsMiddleware
+from streamkit_server.settings import ServerSettings
 from tests.coordinator_fixtures import CoordinatorPool
 
 pytestmark = pytest.mark.redis
@@ -230,3 +237,53 @@ def test_invalid_bearer_heartbeats_get_the_routes_answer(served: Served) -> None
     ok = served.http.post(path, json=body, headers=served.bearer)
     assert ok.status_code == 200, ok.text
     assert served.full_route_count("refused") == refused_before + 1
+
+
+async def test_heartbeats_enter_at_the_coordinator_middlewares(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In process: the app's heartbeat entry starts at the request metrics, so a
+    heartbeat is still timed and a refused one still audited."""
+    app = create_app(ServerSettings(redis_url=redis_url), admin_password="pw", token_secret=b"s")
+    assert isinstance(app, CoordinatorApp)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://coord") as http:
+            created = await http.post(
+                f"{API_PREFIX}/streams/{PREFIX}/groups/entry",
+                json={"requestedBy": "tests", "initialShardCount": 2},
+                auth=("admin", "pw"),
+            )
+            assert created.status_code == 201, created.text
+            login = await http.post(f"{API_PREFIX}/auth/login", auth=("admin", "pw"))
+            bearer = {"authorization": f"Bearer {login.json()['accessToken']}"}
+            path = f"{API_PREFIX}/streams/{PREFIX}/groups/entry/members/m0/heartbeat"
+            ok = await http.post(path, json=_body("m0", 0, []), headers=bearer)
+            assert ok.status_code == 200, ok.text
+            # The entry is in use, and it is the coordinator's outermost middleware.
+            entry = app._heartbeats
+            assert isinstance(entry, ServerErrorMiddleware)
+            assert isinstance(entry.app, RequestMetricsMiddleware)
+            with caplog.at_level(logging.INFO, logger="streamkit_server.audit"):
+                refused = await http.post(
+                    path, json=_body("m0", 0, []), headers={"authorization": "Bearer nope"}
+                )
+            assert refused.status_code == 401
+            audited = [json.loads(r.getMessage()) for r in caplog.records]
+            assert [(a["action"], a["kind"], a["status"]) for a in audited] == [
+                ("sendConsumerHeartbeat", "refusal", 401)
+            ]
+            metrics = (await http.get("/metrics", auth=("admin", "pw"))).text
+    counted = {
+        status: float(m.group(1))
+        for status in ("2xx", "4xx")
+        if (
+            m := re.search(
+                rf'^redis_stream_coord_http_requests_total{{method="POST",'
+                rf'route="{OPERATION_ID}",status="{status}"}} (\S+)$',
+                metrics,
+                re.M,
+            )
+        )
+    }
+    assert counted == {"2xx": 1.0, "4xx": 1.0}, metrics
