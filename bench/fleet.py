@@ -29,6 +29,13 @@ Reports:
   same fleet at its real pace: that fixed cost plus each heartbeat's own (the
   loop's CPU less the fixed cost, per heartbeat) x members / 3 s, as cores
   and as members per core;
+* the share of steady writes that went to Redis in a pipeline shared with
+  other groups' (``streamkit_server/script_batch.py``) and its mean size.
+  It depends on how many requests the coordinator has at once: each
+  connection is served one request at a time, so the default shape (2
+  clients x 2 lanes x 16 pipelined: 4 connections) allows few; a fleet's
+  members each hold a connection of their own, which ``--lanes 8 --depth 4``
+  (16 connections) or ``--lanes 32 --depth 1`` (64, no pipelining) is closer to;
 * p50/p99 latency of the closed loop (a request's time in its pipeline);
 * that no shard ever had two readers, checked from the responses: a member
   reads a shard from the OK answer that assigns it until an answer takes it
