@@ -240,10 +240,16 @@ def test_invalid_bearer_heartbeats_get_the_routes_answer(served: Served) -> None
 
 
 async def test_heartbeats_enter_at_the_coordinator_middlewares(
-    redis_url: str, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """In process: the app's heartbeat entry starts at the request metrics, so a
     heartbeat is still timed and a refused one still audited."""
+    # A Redis of its own: the session's runs coordinators with other timings.
+    with RedisServer() as redis:
+        await _through_the_entry(redis.url, caplog)
+
+
+async def _through_the_entry(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
     app = create_app(ServerSettings(redis_url=redis_url), admin_password="pw", token_secret=b"s")
     assert isinstance(app, CoordinatorApp)
     async with app.router.lifespan_context(app):
