@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from typing import Any, Final
 from redis.asyncio import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
+from streamkit.backoff import jittered_backoff
 from streamkit_server.store import RedisClient
 
 __all__ = [
@@ -53,7 +55,10 @@ LIVENESS_MS: Final = 3 * PING_INTERVAL_MS
 #: An entry is read from Redis again after this long even while trusted
 #: (a Redis Cluster slot that moved away from the watched node, say).
 MAX_AGE_MS: Final = 5_000
-_RETRY_MS: Final = (500, 30_000)  # the watch's reconnect delay: first, most
+#: The watch's reconnect delay (jittered, doubling): first and most after a
+#: lost connection; after a refusal (an ACL) it tries again this rarely.
+_RETRY_S: Final = (0.5, 5.0)
+_REFUSED_RETRY_S: Final = 60.0
 
 
 def token_versions_key(key_prefix: str) -> str:
@@ -176,11 +181,13 @@ class TokenVersions:
 
     async def watch(self) -> None:
         """Keep an invalidation watch open (runs until cancelled)."""
-        delay_ms = _RETRY_MS[0]
+        failures = 0
         while True:
+            refused = False
             try:
                 await self._watch_once()
             except ResponseError as exc:  # refused (an ACL, a Redis without RESP3)
+                refused = True
                 if not self._refused_logged:
                     self._refused_logged = True
                     log.warning(
@@ -188,7 +195,6 @@ class TokenVersions:
                         " reads its token version from Redis",
                         exc,
                     )
-                delay_ms = _RETRY_MS[1]
             except (RedisError, OSError, TimeoutError) as exc:
                 log.debug("token-version watch lost: %s", exc)
             except Exception:  # a bug here must not end the watch for good
@@ -196,10 +202,10 @@ class TokenVersions:
             finally:
                 proven = self.cache.trusted(_now_ms())
                 self.cache.lost()
-            if proven:  # it worked for a while: a new one may well work at once
-                delay_ms = _RETRY_MS[0]
-            await asyncio.sleep(delay_ms / 1000)
-            delay_ms = min(delay_ms * 2, _RETRY_MS[1])
+            # A watch that worked for a while: a new one may well work at once.
+            failures = 1 if proven else failures + 1
+            delay = jittered_backoff(failures, *_RETRY_S, random.random())
+            await asyncio.sleep(_REFUSED_RETRY_S if refused else delay)
 
     async def _watch_once(self) -> None:
         conn = await self._connection()
