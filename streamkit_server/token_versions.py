@@ -30,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from prometheus_client import Counter
 from redis.asyncio import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
@@ -149,12 +150,12 @@ def _now_ms() -> int:
 class TokenVersions:
     """The versions of one process: cached reads, revokes and the invalidation watch."""
 
-    def __init__(self, client: RedisClient, key_prefix: str, reads: Any = None) -> None:
+    def __init__(self, client: RedisClient, key_prefix: str, reads: Counter | None = None) -> None:
         self.client = client
         self.key_prefix = key_prefix
         self.key = token_versions_key(key_prefix)
         self.cache = VersionCache()
-        # ``reads``: a prometheus Counter with a ``source`` label, if given.
+        # ``reads``: counted by source, ``cache`` or ``redis`` (its one label).
         self._from_cache = reads.labels("cache") if reads is not None else None
         self._from_redis = reads.labels("redis") if reads is not None else None
         self._refused_logged = False

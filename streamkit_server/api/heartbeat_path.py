@@ -65,14 +65,11 @@ _PATH = re.compile(
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
-def _claims(scope: Scope) -> bool:
-    """Whether ``scope`` is a request the heartbeat path looks at."""
-    return (
-        scope["type"] == "http"
-        and scope["method"] == "POST"
-        and not scope.get("root_path")
-        and _PATH.fullmatch(scope["path"]) is not None
-    )
+def _heartbeat_match(scope: Scope) -> re.Match[str] | None:
+    """The path's names if ``scope`` is a request the heartbeat path looks at."""
+    if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+        return None
+    return _PATH.fullmatch(scope["path"])
 
 
 class CoordinatorApp(FastAPI):
@@ -84,7 +81,7 @@ class CoordinatorApp(FastAPI):
         entry = self._heartbeats
         if entry is None and self.middleware_stack is not None:
             entry = self._heartbeats = self._heartbeat_entry(self.middleware_stack)
-        if entry is not None and _claims(scope):
+        if entry is not None and _heartbeat_match(scope) is not None:
             scope["app"] = self  # what Starlette.__call__ sets (exception handlers)
             await entry(scope, receive, send)
             return
@@ -131,10 +128,7 @@ class HeartbeatPath:
         self._lease_field = b"," + dumped[dumped.rindex(b'"memberLeaseTtlMs"') :]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
-            await self.app(scope, receive, send)
-            return
-        match = _PATH.fullmatch(scope["path"])
+        match = _heartbeat_match(scope)
         if match is None:
             await self.app(scope, receive, send)
             return
