@@ -19,10 +19,14 @@ from .model import NEVER_MS, CorrectionRound, GroupMetadata, MemberMetadata, Sha
 class Draft:
     def __init__(self, group: GroupMetadata, now_ms: int, config: CoordinatorConfig) -> None:
         self.original = group
+        # Shallow: the member, owner and target maps are shared with
+        # ``original`` until a transition writes one (``_members_for_write``,
+        # ``_owners_for_write``).  A steady heartbeat writes only its own member,
+        # so it copies one map, and ``diff`` sees the untouched maps by identity
+        # instead of comparing them entry by entry.
         self.group = group.model_copy()
-        self.group.members = dict(group.members)
-        self.group.owners = dict(group.owners)
-        self.group.target = dict(group.target)
+        self._members_copied = False
+        self._owners_copied = False
         self.now = now_ms
         self.config = config
         # ``dirty``: anything changed (the group must be written).
@@ -36,11 +40,25 @@ class Draft:
         # lets the result list its changes without comparing every member.
         self.touched: set[str] = set()
 
+    def _members_for_write(self) -> dict[str, MemberMetadata]:
+        if not self._members_copied:
+            self.group.members = dict(self.group.members)
+            self._members_copied = True
+        return self.group.members
+
+    def _owners_for_write(self) -> dict[int, str]:
+        """``owners`` to change in place: this draft's own copy, its index dropped."""
+        if not self._owners_copied:
+            self.group.owners = dict(self.group.owners)
+            self._owners_copied = True
+        self.group.forget_ownership_index()
+        return self.group.owners
+
     # -- members ---------------------------------------------------------
 
     def _update_member(self, member_id: str, **changes: object) -> MemberMetadata:
         member = self.group.members[member_id].model_copy(update=changes)
-        self.group.members[member_id] = member
+        self._members_for_write()[member_id] = member
         self.touched.add(member_id)
         self.dirty = True
         return member
@@ -52,7 +70,7 @@ class Draft:
         # fenced process itself: it rejoined after dropping everything, or
         # this is a late duplicate of such a join.  It lets them go by omitting
         # them from its next heartbeat.
-        self.group.members[member_id] = MemberMetadata(
+        self._members_for_write()[member_id] = MemberMetadata(
             member_id=member_id,
             member_name=request.member_name,
             incarnation=request.incarnation,
@@ -196,7 +214,8 @@ class Draft:
     # -- shards ------------------------------------------------------------
 
     def release(self, shard: int) -> None:
-        if self.group.owners.pop(shard, None) is not None:
+        if shard in self.group.owners:
+            del self._owners_for_write()[shard]
             self.dirty = self.observable = True
 
     def may_grant(self) -> bool:
@@ -210,10 +229,12 @@ class Draft:
 
     def grant_pending(self, member_id: str) -> None:
         owners = self.group.owners
-        for shard, target in self.group.target.items():
-            if target == member_id and shard not in owners:
+        free = [s for s in self.group.pending_for(member_id) if s not in owners]
+        if free:
+            owners = self._owners_for_write()
+            for shard in free:
                 owners[shard] = member_id
-                self.dirty = self.observable = True
+            self.dirty = self.observable = True
 
     def rebalance(self) -> None:
         live = self.group.live_member_ids()
@@ -350,7 +371,7 @@ class Draft:
                 and member.dead_since_ms is not None
                 and self.now > member.dead_since_ms + cfg.dead_member_retention_ms
             ):
-                del self.group.members[member_id]
+                del self._members_for_write()[member_id]
                 self.touched.add(member_id)
                 self.dirty = True
         self._maybe_close_correction()

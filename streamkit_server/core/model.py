@@ -12,11 +12,19 @@ Ownership is kept as two shard -> member maps:
 
 Everything a member is told is derived from these maps, which is what makes a
 lost or repeated heartbeat response harmless.
+
+The per-member questions (which shards does it hold, which are its target)
+are answered from an index of both maps by member, built once per pair of
+maps and kept on the group, so a heartbeat costs what the member holds, not
+what the group holds.  The maps are values: only ``Draft`` changes one in
+place (its own copy), and it drops the index when it does.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic.alias_generators import to_camel
 
 from streamkit.protocol import GroupState, MemberState, MigrationState
@@ -139,6 +147,44 @@ ACTIVE_MIGRATION_STATES = frozenset(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class _Ownership:
+    """``owners`` and ``target`` by member (sorted shard lists), for those two maps."""
+
+    owners: dict[int, str]
+    target: dict[int, str]
+    sizes: tuple[int, int]
+    held: dict[str, list[int]]
+    targeted: dict[str, list[int]]
+
+    @classmethod
+    def of(cls, owners: dict[int, str], target: dict[int, str]) -> _Ownership:
+        sizes = (len(owners), len(target))
+        return cls(owners, target, sizes, _by_member(owners), _by_member(target))
+
+    def describes(self, owners: dict[int, str], target: dict[int, str]) -> bool:
+        # Identity, not equality: the index holds the maps it was built from,
+        # so a map replaced since cannot share its id.  The sizes catch a map
+        # grown or shrunk in place by code that forgot to drop the index.
+        return (
+            self.owners is owners
+            and self.target is target
+            and self.sizes == (len(owners), len(target))
+        )
+
+
+def _by_member(shards: dict[int, str]) -> dict[str, list[int]]:
+    by_member: dict[str, list[int]] = {}
+    for shard in sorted(shards):
+        member = shards[shard]
+        found = by_member.get(member)
+        if found is None:
+            by_member[member] = [shard]
+        else:
+            found.append(shard)
+    return by_member
+
+
 class GroupMetadata(_Aggregate):
     stream_prefix: str
     consumer_group: str
@@ -172,6 +218,30 @@ class GroupMetadata(_Aggregate):
     migrations: list[MigrationRecord] = Field(default_factory=list)
     created_at_ms: int = 0
     updated_at_ms: int = 0
+    # Kept across copies (``model_copy`` shares it); valid while ``owners`` and
+    # ``target`` are the very maps it was built from (``_ownership``).
+    _index: _Ownership | None = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        # Pydantic's equality also compares private attributes: two equal
+        # groups must stay equal whether or not one has built its index.
+        if not isinstance(other, GroupMetadata):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    def _ownership(self) -> _Ownership:
+        # Through the private-attribute dict: reading ``self._index`` goes
+        # through pydantic's ``__getattr__``, which costs more than the lookup.
+        private = self.__pydantic_private__
+        assert private is not None
+        index: _Ownership | None = private["_index"]
+        if index is None or not index.describes(self.owners, self.target):
+            index = private["_index"] = _Ownership.of(self.owners, self.target)
+        return index
+
+    def forget_ownership_index(self) -> None:
+        """``owners`` or ``target`` is about to change in place (``Draft`` only)."""
+        self._index = None
 
     def active_migration(self) -> MigrationRecord | None:
         return next((m for m in reversed(self.migrations) if m.active), None)
@@ -198,31 +268,24 @@ class GroupMetadata(_Aggregate):
         return sorted(m for m, meta in self.members.items() if meta.live)
 
     def shards_held_by(self, member_id: str) -> list[int]:
-        return sorted(s for s, owner in self.owners.items() if owner == member_id)
+        return list(self._ownership().held.get(member_id, ()))
 
     def assigned_to(self, member_id: str) -> list[int]:
         """Shards the member may read: it holds them and they are its target."""
-        return sorted(
-            s
-            for s, owner in self.owners.items()
-            if owner == member_id and self.target.get(s) == member_id
-        )
+        target = self.target
+        return [s for s in self._ownership().held.get(member_id, ()) if target.get(s) == member_id]
 
     def revoking_from(self, member_id: str) -> list[int]:
         """Shards the member holds but must drain and release."""
-        return sorted(
-            s
-            for s, owner in self.owners.items()
-            if owner == member_id and self.target.get(s) != member_id
-        )
+        target = self.target
+        return [s for s in self._ownership().held.get(member_id, ()) if target.get(s) != member_id]
 
     def pending_for(self, member_id: str) -> list[int]:
         """Target shards of the member that it may not read yet."""
-        return sorted(
-            s
-            for s, target in self.target.items()
-            if target == member_id and self.owners.get(s) != member_id
-        )
+        owners = self.owners
+        return [
+            s for s in self._ownership().targeted.get(member_id, ()) if owners.get(s) != member_id
+        ]
 
 
 def new_group(

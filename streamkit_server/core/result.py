@@ -119,14 +119,23 @@ def diff(
                 changes.append(MemberRemoved(member_id))
         elif new is not old and new != old:
             changes.append(MemberUpserted(new))
-    if any(
-        (a := getattr(before, name)) is not (b := getattr(after, name)) and a != b
-        for name in _DOCUMENT_FIELDS
-    ):
+    if _document_changed(before, after):
         changes.append(DOCUMENT_CHANGED)
     else:
         after.updated_at_ms = before.updated_at_ms
     return tuple(changes)
+
+
+def _document_changed(before: GroupMetadata, after: GroupMetadata) -> bool:
+    # Runs per heartbeat: the field values straight from the models' dicts.
+    # A draft shares every map it did not write (``Draft``), so an untouched
+    # field is the same object and costs an identity check.
+    old, new = before.__dict__, after.__dict__
+    for name in _DOCUMENT_FIELDS:
+        a, b = old[name], new[name]
+        if a is not b and a != b:
+            return True
+    return False
 
 
 def result_of(
