@@ -120,7 +120,7 @@ class Lane:
             if not members:
                 return
             started = time.perf_counter()
-            answers = await pipe.exchange([m.request(self.head, STREAM) for m in members])
+            answers = await pipe.exchange([m.request(self.head) for m in members])
             elapsed = time.perf_counter() - started
             for member, (status, body) in zip(members, answers, strict=True):
                 if record:
@@ -156,7 +156,7 @@ async def _client(
 ) -> None:  # fmt: skip
     head = await auth_head(urls[0], auth, args.auth)
     # Interleaved: member i of every group, then member i+1 ...
-    members = [Member(g, f"m{i}") for i in range(args.members) for g in groups]
+    members = [Member(g, f"m{i}", stream=STREAM) for i in range(args.members) for g in groups]
     readers = Readers()
     lanes = []
     for n in range(args.lanes):

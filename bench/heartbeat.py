@@ -54,13 +54,18 @@ class Member:
     wire: bytes = b""
     wire_key: tuple[Any, ...] = ()
     last_answer: bytes = b""
+    # Groups of one stream share its shard count: other counts get a stream of their own.
+    stream: str = "bench"
 
-    def request(self, head: bytes, stream: str = "bench") -> bytes:
+    def request(self, head: bytes) -> bytes:
         """The raw HTTP request of this member's next heartbeat."""
         key = (self.epoch, self.version, frozenset(self.owned), frozenset(self.revoked))
         if key != self.wire_key:
             body = json.dumps(self.body(), separators=(",", ":")).encode()
-            path = f"{API}/streams/{stream}/groups/{self.group}/members/{self.member_id}/heartbeat"
+            path = (
+                f"{API}/streams/{self.stream}/groups/{self.group}/members/{self.member_id}"
+                "/heartbeat"
+            )
             self.wire = request_bytes("POST", path, head, body)
             self.wire_key = key
         return self.wire
@@ -159,7 +164,7 @@ async def _settle(
         async with slots:
             for _attempt in range(3):
                 try:
-                    r = await http.post(f"{API}/streams/bench/groups/{m.group}/members/"
+                    r = await http.post(f"{API}/streams/{m.stream}/groups/{m.group}/members/"
                                         f"{m.member_id}/heartbeat", json=m.body())  # fmt: skip
                 except httpx.TransportError:
                     continue
@@ -335,21 +340,23 @@ async def _scenario(
     seconds: float,
     trivial_too: bool,
     concurrency: int = CONNECTIONS,
+    shards: int = 16,
 ) -> list[Result]:
     limits = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
     async with httpx.AsyncClient(
         base_url=coord.url, limits=limits, timeout=30, auth=coord.member_auth
     ) as http:
         prefix = f"g{groups}x{per_group}"
+        stream = "bench" if shards == 16 else f"bench{shards}"
         names = [f"{prefix}-{g}" for g in range(groups)]
         for name in names:
-            r = await http.post(f"{API}/streams/bench/groups/{name}",
-                                json={"initialShardCount": 16, "requestedBy": "bench"},
+            r = await http.post(f"{API}/streams/{stream}/groups/{name}",
+                                json={"initialShardCount": shards, "requestedBy": "bench"},
                                 auth=coord.admin_auth)  # fmt: skip
             r.raise_for_status()
-        members = [Member(n, f"m{i}") for n in names for i in range(per_group)]
+        members = [Member(n, f"m{i}", stream=stream) for n in names for i in range(per_group)]
         await _settle(http, coord, members)
-        label = f"{groups} group(s) x {per_group} members"
+        label = f"{groups} group(s) x {per_group} members, {shards} shards"
         label += f", {min(concurrency, len(members))} in flight"
         results = [
             await _measure(
@@ -366,7 +373,7 @@ async def _scenario(
         # Deleted, or their members' leases would run out during the next
         # scenario and its figures would include those expiries.
         for name in names:
-            r = await http.request("DELETE", f"{API}/streams/bench/groups/{name}",
+            r = await http.request("DELETE", f"{API}/streams/{stream}/groups/{name}",
                                    json={"requestedBy": "bench", "reason": "bench", "force": True},
                                    auth=coord.admin_auth)  # fmt: skip
             r.raise_for_status()
@@ -393,9 +400,14 @@ async def _main(seconds: float) -> None:
         # The same number of requests in flight for both sizes (a 10-member
         # group cannot have more), so only the group size differs.
         (big,) = await _scenario(redis.url, coord, 1, 1000, seconds, False, concurrency=10)
+        # And with a shard for every member, as a group that size would have:
+        # each heartbeat's own work must not grow with the shards either.
+        (wide,) = await _scenario(
+            redis.url, coord, 1, 1000, seconds, False, concurrency=10, shards=1000
+        )
         (small,) = await _scenario(redis.url, coord, 1, 10, seconds, trivial_too=False)
         fleet = await _paced_fleet(coord, max(seconds, 12.0), 1024)
-    for result in (hb, trivial, big, small):
+    for result in (hb, trivial, big, wide, small):
         print(result.line())
     print(fleet.line())
     print(f"heartbeat/trivial throughput ratio: {hb.rate / trivial.rate:.2f}")
@@ -404,6 +416,8 @@ async def _main(seconds: float) -> None:
     print(f"heartbeat/trivial ratio by coordinator CPU per request: "
           f"{trivial.cpu_ms / hb.cpu_ms:.2f}")  # fmt: skip
     print(f"1x1000 vs 1x10 per-heartbeat server CPU ratio: {big.cpu_ms / small.cpu_ms:.2f}")
+    print(f"1x1000 with 1,000 shards vs 1x10 per-heartbeat server CPU ratio: "
+          f"{wide.cpu_ms / small.cpu_ms:.2f}")  # fmt: skip
     print(f"1x1000 vs 1x10 per-heartbeat wall-time ratio (1/throughput): "
           f"{small.rate / big.rate:.2f}")  # fmt: skip
 
