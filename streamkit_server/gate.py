@@ -9,8 +9,7 @@ shutdown waits for them (``wait_idle``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
 import anyio
 
@@ -30,8 +29,10 @@ class TerminatingGate:
         self._terminating = False
         self._suspended: str | None = None
         self._inside = 0
-        self._idle = anyio.Event()
-        self._idle.set()
+        # Created by ``wait_idle`` only (shutdown): entering and leaving is on
+        # every heartbeat's path, and needs no event while nobody waits.
+        self._idle: anyio.Event | None = None
+        self._section = _CriticalSection(self)
 
     @property
     def terminating(self) -> bool:
@@ -58,25 +59,47 @@ class TerminatingGate:
     def resume(self) -> None:
         self._suspended = None
 
-    @asynccontextmanager
-    async def critical(self) -> AsyncIterator[None]:
+    def critical(self) -> AbstractAsyncContextManager[None]:
+        """``async with gate.critical():`` around a critical section.
+
+        One object serves every section: it keeps no state of its own (the
+        count is the gate's), so concurrent sections can share it.
+        """
+        return self._section
+
+    def _enter(self) -> None:
         if self._terminating:
             raise CoordinatorTerminating("coordinator is shutting down; retry another instance")
         if self._suspended is not None:
             raise CoordinatorSuspended(self._suspended)
-        if self._inside == 0:
-            self._idle = anyio.Event()
         self._inside += 1
-        try:
-            yield
-        finally:
-            self._inside -= 1
-            if self._inside == 0:
-                self._idle.set()
+
+    def _leave(self) -> None:
+        self._inside -= 1
+        if self._inside == 0 and self._idle is not None:
+            self._idle.set()
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no critical section is inside; False on timeout."""
+        if self._inside == 0:
+            return True
+        if self._idle is None or self._idle.is_set():
+            self._idle = anyio.Event()
+        idle = self._idle
         with anyio.move_on_after(timeout_s):
-            await self._idle.wait()
+            await idle.wait()
             return True
         return False
+
+
+class _CriticalSection(AbstractAsyncContextManager[None]):
+    __slots__ = ("_gate",)
+
+    def __init__(self, gate: TerminatingGate) -> None:
+        self._gate = gate
+
+    async def __aenter__(self) -> None:
+        self._gate._enter()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._gate._leave()

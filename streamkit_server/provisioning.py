@@ -8,6 +8,7 @@ groups) behind, which the retry adopts.  Every step is idempotent.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Final, TypeAlias
@@ -68,7 +69,7 @@ def _validate_name(value: str, what: str, code: str, extra: str = "") -> str:
         raise CoordinatorError(
             code, f"{what} must be 1..{MAX_NAME_LENGTH} characters long, got {len(value)}"
         )
-    bad = _FORBIDDEN.search(value) or (extra and re.search(f"[{re.escape(extra)}]", value))
+    bad = _FORBIDDEN.search(value) or (extra and _extra_pattern(extra).search(value))
     if bad:
         raise CoordinatorError(
             code,
@@ -76,6 +77,15 @@ def _validate_name(value: str, what: str, code: str, extra: str = "") -> str:
             f"characters, '/' and '%'{' and ' + repr(extra) if extra else ''} are not allowed",
         )
     return value
+
+
+@functools.cache
+def _extra_pattern(extra: str) -> re.Pattern[str]:
+    # Compiled once: names are checked on every heartbeat.
+    return re.compile(f"[{re.escape(extra)}]")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def validate_stream_prefix(value: str) -> str:
@@ -89,7 +99,7 @@ def validate_consumer_group(value: str) -> str:
 
 
 def validate_member_id(value: str) -> str:
-    if not 1 <= len(value) <= 256 or re.search(r"[\x00-\x1f\x7f]", value):
+    if not 1 <= len(value) <= 256 or _CONTROL.search(value):
         raise CoordinatorError(
             "INVALID_MEMBER_ID",
             "memberId must be 1..256 characters without control characters",
