@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -247,10 +248,22 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.http_requests.labels(route, method, f"{status // 100}xx").inc()
-        self.http_seconds.labels(route, method).observe(seconds)
+        # Per request: the labelled children are looked up once per (route,
+        # method, status class); ``labels`` takes a lock and builds its key
+        # on every call.
+        key = (route, method, status // 100)
+        children = self._request_children.get(key)
+        if children is None:
+            children = (
+                self.http_requests.labels(route, method, f"{status // 100}xx"),
+                self.http_seconds.labels(route, method),
+            )
+            self._request_children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def route_figures(self) -> list[RouteFigures]:
         """Per-route figures since the process started, busiest route first."""
