@@ -8,9 +8,9 @@ serve every group and contend on its mutex.
 
 The client must cost less than the coordinators, so it is not httpx: several
 client processes (``--clients``), each owning whole groups, speak raw
-HTTP/1.1 over asyncio streams, keep-alive connections with pipelined
-requests, request bytes encoded once per member state and answers parsed
-only when they differ from that member's previous one.
+HTTP/1.1 over asyncio streams, keep-alive connections (optionally with
+pipelined requests), request bytes encoded once per member state and answers
+parsed only when they differ from that member's previous one.
 
 Members are interleaved across groups so that the requests in flight belong
 to different groups, as at a real interval (3 s between a member's
@@ -32,10 +32,12 @@ Reports:
 * the share of steady writes that went to Redis in a pipeline shared with
   other groups' (``streamkit_server/script_batch.py``) and its mean size.
   It depends on how many requests the coordinator has at once: each
-  connection is served one request at a time, so the default shape (2
-  clients x 2 lanes x 16 pipelined: 4 connections) allows few; a fleet's
-  members each hold a connection of their own, which ``--lanes 8 --depth 4``
-  (16 connections) or ``--lanes 32 --depth 1`` (64, no pipelining) is closer to;
+  connection is served one request at a time.  The default shape (2 clients
+  x 32 lanes, one request at a time on each: 64 connections, no pipelining)
+  is the closest to a fleet, whose members each hold a connection of their
+  own and send one heartbeat at a time (httpx does not pipeline);
+  ``--lanes 2 --depth 16`` (4 connections, 16 pipelined requests each, the
+  default until 2026-12-02) lets few writes meet;
 * p50/p99 latency of the closed loop (a request's time in its pipeline);
 * that no shard ever had two readers, checked from the responses: a member
   reads a shard from the OK answer that assigns it until an answer takes it
@@ -330,8 +332,9 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=100)
     parser.add_argument("--members", type=int, default=100, help="members per group")
     parser.add_argument("--clients", type=int, default=2, help="client processes")
-    parser.add_argument("--lanes", type=int, default=2, help="request lanes per client")
-    parser.add_argument("--depth", type=int, default=16, help="requests per pipelined batch")
+    parser.add_argument("--lanes", type=int, default=32,
+                        help="request lanes (connections) per client")  # fmt: skip
+    parser.add_argument("--depth", type=int, default=1, help="requests per pipelined batch")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2],
                         help="coordinator process counts to run")  # fmt: skip
     parser.add_argument("--auth", choices=["bearer", "basic"], default="bearer",
