@@ -43,10 +43,13 @@ __all__ = ["TracingMiddleware", "parent_context"]
 _NO_PROVIDER: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _RECHECK_S: Final = 1.0
 _TRACEPARENT: Final = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+# Exactly a version-00 traceparent with flags 00 and non-zero ids, in one
+# match (the ids' zero checks are the lookaheads): what a publisher sampling
+# at the head writes for most entries.
+_UNSAMPLED: Final = re.compile(rb"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-00")
 _FLAGS: Final = tuple(trace.TraceFlags(flags) for flags in range(256))
-_TRACEPARENT_LEN: Final = 55
-_ZERO_TRACE_ID: Final = b"0" * 32
-_ZERO_SPAN_ID: Final = b"0" * 16
+# The key under which the API keeps the current span, learnt through the API.
+_SPAN_KEY: Final = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, Context())))
 
 
 class _UnsampledParent(NonRecordingSpan):
@@ -58,9 +61,10 @@ class _UnsampledParent(NonRecordingSpan):
     middleware together.
     """
 
+    _parsed: SpanContext | None = None
+
     def __init__(self, raw: bytes) -> None:  # no super().__init__: _context is lazy
         self._raw = raw
-        self._parsed: SpanContext | None = None
 
     @property
     def _context(self) -> SpanContext:  # type: ignore[override]
@@ -80,16 +84,16 @@ def _unsampled_parent(raw: object) -> _UnsampledParent | None:
     Anything else (sampled, other flags, padded, malformed) is None: the full
     parse in ``_remote_span_context`` decides those.
     """
-    if (
-        type(raw) is bytes
-        and len(raw) == _TRACEPARENT_LEN
-        and raw.endswith(b"-00")
-        and _TRACEPARENT.fullmatch(raw) is not None
-        and raw[3:35] != _ZERO_TRACE_ID
-        and raw[36:52] != _ZERO_SPAN_ID
-    ):
+    if type(raw) is bytes and _UNSAMPLED.fullmatch(raw) is not None:
         return _UnsampledParent(raw)
     return None
+
+
+def _with_parent(span: trace.Span) -> Context:
+    """The current context with ``span`` as its span: ``set_span_in_context``'s
+    result, built in one step (it runs per handled entry)."""
+    base = otel_context.get_current()
+    return Context({**base, _SPAN_KEY: span} if base else {_SPAN_KEY: span})
 
 
 def parent_context(value: bytes | str | None) -> Context | None:
@@ -172,7 +176,7 @@ class TracingMiddleware(Middleware):
                 # the producer's context parsed only if the handler asks.
                 unsampled = _unsampled_parent(raw)
                 if unsampled is not None:
-                    token = otel_context.attach(trace.set_span_in_context(unsampled))
+                    token = otel_context.attach(_with_parent(unsampled))
                     try:
                         return await call_next()
                     finally:

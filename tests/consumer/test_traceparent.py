@@ -50,3 +50,24 @@ def test_the_lazy_parent_is_the_full_parse_of_an_unsampled_traceparent(raw: byte
     # What a child span or a propagator reads from the handler's context.
     assert trace.get_current_span(trace.set_span_in_context(lazy)).get_span_context() == full
     assert repr(lazy) == f"NonRecordingSpan({full!r})"
+
+
+def test_the_parent_context_is_what_the_api_builds() -> None:
+    from opentelemetry import baggage
+    from opentelemetry import context as otel_context
+
+    from streamkit.observability.tracing import _with_parent
+
+    span = _unsampled_parent(b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-00")
+    assert span is not None
+    # On an empty context (a poller's) and on one carrying other values: the
+    # same context the API's set_span_in_context builds, values kept.
+    for base in (otel_context.Context(), baggage.set_baggage("tenant", "t1")):
+        token = otel_context.attach(base)
+        try:
+            built = _with_parent(span)
+            assert built == trace.set_span_in_context(span)
+            assert trace.get_current_span(built) is span
+            assert baggage.get_all(built) == baggage.get_all(base)
+        finally:
+            otel_context.detach(token)
