@@ -48,7 +48,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from typing import Any
 
 import anyio
-from consume import bench_coordinator, create_group, owners
+from consume import REPLY_PARSER, bench_coordinator, create_group, owners
 
 from streamkit import Message, StreamKit
 from streamkit.testing import RedisServer, RedisTarget, redis_client
@@ -306,7 +306,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.getLogger("streamkit.poller").setLevel(logging.ERROR)
     with RedisServer() as server, bench_coordinator(server.url) as coordinator:
         args.url = server.url
-        print(f"redis {server.url}, coordinator {coordinator.url}, pid {os.getpid()}")
+        print(f"redis {server.url}, coordinator {coordinator.url}, pid {os.getpid()}, "
+              f"reply parser: {REPLY_PARSER}")  # fmt: skip
         anyio.run(bench, args, coordinator)
 
 

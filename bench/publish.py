@@ -55,6 +55,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
 
 import httpx
+from consume import REPLY_PARSER
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
@@ -307,7 +308,8 @@ async def bench(
         await raw_timed.aclose()
 
     best = {name: max(values) for name, values in rates.items()}
-    print(f"\n{n:,} messages, {SHARDS} shards, {target.kind} Redis, best of {rounds} rounds")
+    print(f"\n{n:,} messages, {SHARDS} shards, {target.kind} Redis, best of {rounds} rounds, "
+          f"reply parser: {REPLY_PARSER}")  # fmt: skip
     for name, values in rates.items():
         print(
             f"  {name:<48}{best[name]:>10,.0f} msgs/s   (median {statistics.median(values):,.0f})"
