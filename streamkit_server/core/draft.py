@@ -3,8 +3,10 @@
 ``Draft`` is private to the core: ``handle_heartbeat`` and ``tick`` build one,
 apply transitions, and ``finish()`` returns either the untouched input (no
 write needed) or a new ``GroupMetadata`` with the epochs and versions bumped
-exactly once.  Only the containers that change are copied, so a steady
-heartbeat costs O(members + shards) and allocates little.
+exactly once.  Only the containers that change are copied: a steady
+heartbeat copies the member map (to write its own record) and nothing else,
+and asks the group's per-member ownership index instead of scanning the
+shards.  ``target`` is only ever replaced, never changed in place.
 """
 
 from __future__ import annotations
