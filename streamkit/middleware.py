@@ -19,11 +19,11 @@ poller and the publisher call straight through when the list is empty.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from streamkit.consumer.failure import Action, Decision
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BatchContext",
+    "Chain",
     "ConsumeContext",
     "ConsumeResult",
     "Middleware",
@@ -182,8 +183,34 @@ def chain(
     ``call_next`` is a ``functools.partial`` (built in C) rather than a new
     Python closure.
     """
+    return _run(reversed(_overriding(middlewares, method)), ctx, innermost)
+
+
+class Chain(Generic[C, R]):
+    """``chain`` for one fixed list of middlewares and one method.
+
+    For a per-entry path that runs the same list every time (the poller): the
+    overriding middlewares are looked up once, here, instead of on each call.
+    ``active`` is still read on every call.
+    """
+
+    __slots__ = ("_levels",)
+
+    def __init__(self, middlewares: Sequence[Middleware], method: str) -> None:
+        self._levels = tuple(reversed(_overriding(middlewares, method)))
+
+    def __bool__(self) -> bool:
+        return bool(self._levels)
+
+    def __call__(self, ctx: C, innermost: Callable[[], Awaitable[R]]) -> Awaitable[R]:
+        return _run(self._levels, ctx, innermost)
+
+
+def _run(
+    levels_inside_out: Iterable[_Level], ctx: C, innermost: Callable[[], Awaitable[R]]
+) -> Awaitable[R]:
     call: Callable[[], Awaitable[R]] = innermost
-    for middleware, bound in reversed(_overriding(middlewares, method)):
+    for middleware, bound in levels_inside_out:
         if middleware.active:
             call = partial(bound, ctx, call)
     return call()

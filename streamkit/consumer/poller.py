@@ -51,6 +51,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import anyio
@@ -65,7 +66,7 @@ from streamkit.consumer.handlers import BatchHandler, Handler
 from streamkit.consumer.lifecycle import monotonic_ms
 from streamkit.consumer.member import MemberStateMachine
 from streamkit.consumer.message import Message, Settlement
-from streamkit.middleware import BatchContext, ConsumeContext, ConsumeResult, Middleware, chain
+from streamkit.middleware import BatchContext, Chain, ConsumeContext, ConsumeResult, Middleware
 from streamkit.protocol import RuntimeConsumerCapacity, ShardConsumptionProgress, ShardId
 from streamkit.redis_health import RedisReachability, describe_error, is_unreachable_error
 from streamkit.routing import stream_key
@@ -1149,6 +1150,13 @@ class ShardPoller:
         self.xackdel = xackdel
         self.observer = observer
         self.middlewares = tuple(middlewares)
+        # Built once: ``invoke`` runs per entry (see ``Chain``).
+        self._consume_chain: Chain[ConsumeContext, ConsumeResult] = Chain(
+            self.middlewares, "consume"
+        )
+        self._batch_chain: Chain[BatchContext, list[ConsumeResult]] = Chain(
+            self.middlewares, "consume_batch"
+        )
         self.gate = FairGate(options.max_in_flight)
         #: Outcomes of reads and acks: the member gives its shards back when
         #: Redis stays unreachable (see ``streamkit.redis_health``).
@@ -1243,10 +1251,10 @@ class ShardPoller:
         The middlewares (``streamkit.middleware``) wrap the handler and the
         policy's decision together, so they see the outcome.
         """
-        if not self.middlewares:
+        if not self._consume_chain:
             return (await self._run_one(message)).decision
         ctx = ConsumeContext(message, self.stream_prefix, self.consumer_group, self.member_id)
-        result = await chain(self.middlewares, "consume", ctx, lambda: self._run_one(message))
+        result = await self._consume_chain(ctx, partial(self._run_one, message))
         return result.decision
 
     async def invoke_batch(self, messages: list[Message]) -> list[Decision | None]:
@@ -1254,13 +1262,11 @@ class ShardPoller:
 
         If it raises, every message it did not settle failed with that error.
         """
-        if not self.middlewares:
+        if not self._batch_chain:
             results = await self._run_batch(messages)
         else:
             ctx = BatchContext(messages, self.stream_prefix, self.consumer_group, self.member_id)
-            results = await chain(
-                self.middlewares, "consume_batch", ctx, lambda: self._run_batch(messages)
-            )
+            results = await self._batch_chain(ctx, partial(self._run_batch, messages))
         return [r.decision for r in results]
 
     async def _run_one(self, message: Message) -> ConsumeResult:
