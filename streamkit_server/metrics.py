@@ -27,6 +27,27 @@ AUDIT_STREAM_FAILURES = ("redis_error", "queue_full")
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
+class Labelled:
+    """A metric's labelled children, each looked up once per label values.
+
+    ``labels()`` takes a lock and builds its key on every call; on a path that
+    runs per request that costs more than the count itself.  Only for labels
+    whose values are bounded (a status, a route template).
+    """
+
+    __slots__ = ("_children", "_metric")
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -248,22 +269,14 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        # Per request and per heartbeat: the labelled children, looked up once.
+        self.heartbeats_by_status = Labelled(self.heartbeats)
+        self._requests_by = Labelled(self.http_requests)
+        self._seconds_by = Labelled(self.http_seconds)
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
-        # Per request: the labelled children are looked up once per (route,
-        # method, status class); ``labels`` takes a lock and builds its key
-        # on every call.
-        key = (route, method, status // 100)
-        children = self._request_children.get(key)
-        if children is None:
-            children = (
-                self.http_requests.labels(route, method, f"{status // 100}xx"),
-                self.http_seconds.labels(route, method),
-            )
-            self._request_children[key] = children
-        children[0].inc()
-        children[1].observe(seconds)
+        self._requests_by(route, method, f"{status // 100}xx").inc()
+        self._seconds_by(route, method).observe(seconds)
 
     def route_figures(self) -> list[RouteFigures]:
         """Per-route figures since the process started, busiest route first."""

@@ -549,9 +549,6 @@ class CoordinatorService:
         self.metrics = metrics
         self.gate = gate
         self.executor = GroupExecutor(store, settings, metrics)
-        # The counter per answer status, looked up once (``labels`` takes a
-        # lock and builds a key on every call; this runs per heartbeat).
-        self._heartbeat_counts: dict[HeartbeatStatus | None, Any] = {}
 
     def keys(self, stream_prefix: str, consumer_group: str) -> GroupKeys:
         return self.store.group_keys(stream_prefix, consumer_group)
@@ -576,11 +573,7 @@ class CoordinatorService:
                 heartbeat_interval_ms=self.config.heartbeat_interval_ms,
                 rebalance_timeout_ms=self.config.rebalance_timeout_ms,
             )
-        counted = self._heartbeat_counts.get(response.status)
-        if counted is None:
-            counted = self.metrics.heartbeats.labels(str(response.status))
-            self._heartbeat_counts[response.status] = counted
-        counted.inc()
+        self.metrics.heartbeats_by_status(str(response.status)).inc()
         if response.status is HeartbeatStatus.UNSUPPORTED_PROTOCOL:
             self.metrics.compatibility_failures.labels("coordination_version").inc()
         self.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
