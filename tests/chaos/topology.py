@@ -135,23 +135,41 @@ class Topology:
             return await http.request(method, path, **kwargs)
 
     async def create_group(self) -> None:
+        """Create the group, retrying through the faults in flight.
+
+        An attempt whose answer was lost (a dropped connection, a timeout, a
+        5xx) may still have created the group, so a later 409 is that
+        attempt's success, not a conflict, provided the group has the shard
+        count asked for. A 409 on the first answer is a real failure."""
         last = "no answer"
+        outcome_unknown = False
+        path = f"/coord/v1/streams/{self.prefix}/groups/{self.group}"
+        body = {"initialShardCount": self.shards, "requestedBy": "chaos", "reason": "soak"}
         for _ in range(100):
-            with contextlib.suppress(httpx.HTTPError):
-                response = await self.admin(
-                    "POST",
-                    f"/coord/v1/streams/{self.prefix}/groups/{self.group}",
-                    json={
-                        "initialShardCount": self.shards,
-                        "requestedBy": "chaos",
-                        "reason": "soak",
-                    },
-                )
+            try:
+                response = await self.admin("POST", path, json=body)
+            except httpx.HTTPError as exc:
+                last = repr(exc)
+                outcome_unknown = True
+            else:
                 if response.status_code in (200, 201):
                     return
                 last = f"{response.status_code} {response.text}"
+                if response.status_code == 409 and outcome_unknown:
+                    if await self._group_has_asked_shards():
+                        return
+                elif response.status_code >= 500:
+                    outcome_unknown = True
             await asyncio.sleep(0.1)
         raise AssertionError(f"could not create the group: {last}")
+
+    async def _group_has_asked_shards(self) -> bool:
+        path = f"/coord/v1/monitoring/streams/{self.prefix}/groups/{self.group}"
+        with contextlib.suppress(httpx.HTTPError):
+            response = await self.admin("GET", path)
+            if response.status_code == 200:
+                return bool(response.json()["shardCount"] == self.shards)
+        return False
 
     # -- consumers and publisher ---------------------------------------------------------
 
