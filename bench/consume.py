@@ -351,7 +351,11 @@ async def observability_runs(
     cpu: dict[str, list[float]] = {}
     figures: dict[str, list[float]] = {}
     for attempt in range(args.repeat):
-        stacks = list(observability_stacks().items())
+        stacks = [
+            (name, stack)
+            for name, stack in observability_stacks().items()
+            if not stack or not args.stacks or any(word in name for word in args.stacks)
+        ]
         # Rotate which stack goes first: a run's neighbours on the shared
         # machine differ, so no stack always gets the same slot.
         shift = attempt % len(stacks)
@@ -567,6 +571,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--observability",
         action="store_true",
         help="only compare the built-in metrics + tracing middlewares on vs off",
+    )
+    parser.add_argument(
+        "--stacks",
+        nargs="+",
+        metavar="WORD",
+        help="with --observability: only the stacks whose name contains one of these "
+        "words (\"off\" always runs), e.g. --stacks 'API only' producer",
     )
     args = parser.parse_args(argv)
     # One warning (with traceback) per failed attempt would flood the output.

@@ -1,6 +1,6 @@
 """Middlewares: one async hook around every handled entry and every publish.
 
-A :class:`Middleware` wraps four calls; each method gets a context and a
+A :class:`Middleware` wraps five calls; each method gets a context and a
 ``call_next`` coroutine function and returns what ``call_next`` returned (or
 its own result, to short-circuit):
 
@@ -8,6 +8,10 @@ its own result, to short-circuit):
   handler *and* the failure policy, so a middleware sees the decision
   (:class:`ConsumeResult`: acked, retried, dead-lettered or halted) and the
   handler's duration.
+* ``consume_read``: every entry of one read of one shard, handled one by one
+  by a per-entry handler (each through ``consume``); a result per handler
+  call.  An observer that only counts and times belongs here: it costs one
+  call per read instead of one per entry.
 * ``consume_batch``: one call of a batch handler (a result per entry).
 * ``publish`` / ``publish_many``: one ``Publisher.publish`` / ``publish_many``
   call; ``ctx.fields`` may be changed before ``call_next``.
@@ -40,6 +44,7 @@ __all__ = [
     "Outcome",
     "PublishContext",
     "PublishManyContext",
+    "ReadContext",
     "chain",
 ]
 
@@ -68,11 +73,14 @@ class ConsumeResult:
     decision, which the poller carries out after the chain returned (a
     dead-letter write that fails leaves the entry pending and it comes back).
     ``error`` is the handler's exception (None for success or a ``nack``).
+    ``message`` is the entry (set by the poller; None in a result a
+    middleware makes up).
     """
 
     decision: Decision | None = None
     error: BaseException | None = None
     duration_s: float = 0.0
+    message: Message | None = None
 
     @property
     def outcome(self) -> Outcome:
@@ -98,6 +106,24 @@ class ConsumeContext:
     @property
     def shard(self) -> int:
         return self.message.shard
+
+
+@dataclass(slots=True)
+class ReadContext:
+    """The entries of one read of one shard, about to be handled one by one.
+
+    Not calling ``call_next`` leaves them pending (they come back).
+    """
+
+    messages: list[Message]
+    stream_prefix: str
+    consumer_group: str
+    member_id: str
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shard(self) -> int:
+        return self.messages[0].shard
 
 
 @dataclass(slots=True)
@@ -137,6 +163,7 @@ class PublishManyContext:
 
 
 ConsumeNext = Callable[[], Awaitable[ConsumeResult]]
+ReadNext = Callable[[], Awaitable[list[ConsumeResult]]]
 BatchNext = Callable[[], Awaitable[list[ConsumeResult]]]
 PublishNext = Callable[[], Awaitable["PublishResult"]]
 PublishManyNext = Callable[[], Awaitable[list["PublishResult"]]]
@@ -151,6 +178,9 @@ class Middleware:
     active: bool = True
 
     async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
+        return await call_next()
+
+    async def consume_read(self, ctx: ReadContext, call_next: ReadNext) -> list[ConsumeResult]:
         return await call_next()
 
     async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:
@@ -191,7 +221,8 @@ class Chain(Generic[C, R]):
 
     For a per-entry path that runs the same list every time (the poller): the
     overriding middlewares are looked up once, here, instead of on each call.
-    ``active`` is still read on every call.
+    ``__call__`` reads ``active`` on every call; a caller that runs many
+    calls in a row takes ``active_levels()`` once and passes it to ``run``.
     """
 
     __slots__ = ("_levels",)
@@ -205,6 +236,21 @@ class Chain(Generic[C, R]):
     def __call__(self, ctx: C, innermost: Callable[[], Awaitable[R]]) -> Awaitable[R]:
         return _run(self._levels, ctx, innermost)
 
+    def active_levels(self) -> Levels:
+        """The levels active now, innermost first (empty: call straight through)."""
+        levels = self._levels
+        if not levels:
+            return levels
+        return tuple(level for level in levels if level[0].active)
+
+    @staticmethod
+    def run(levels: Levels, ctx: C, innermost: Callable[[], Awaitable[R]]) -> Awaitable[R]:
+        """Run ``innermost`` wrapped by ``levels`` (from ``active_levels``)."""
+        call: Callable[[], Awaitable[R]] = innermost
+        for _middleware, bound in levels:
+            call = partial(bound, ctx, call)
+        return call()
+
 
 def _run(
     levels_inside_out: Iterable[_Level], ctx: C, innermost: Callable[[], Awaitable[R]]
@@ -217,6 +263,8 @@ def _run(
 
 
 _Level = tuple[Middleware, Callable[..., Any]]
+#: A chain's levels, innermost first: what ``Chain.active_levels`` returns.
+Levels = tuple[_Level, ...]
 # (middlewares, method) -> (middleware, bound method) of those that override it.
 # Bounded: a process builds few middleware lists (tests build more).
 _CHAINS: dict[tuple[tuple[Middleware, ...], str], tuple[_Level, ...]] = {}

@@ -66,7 +66,15 @@ from streamkit.consumer.handlers import BatchHandler, Handler
 from streamkit.consumer.lifecycle import monotonic_ms
 from streamkit.consumer.member import MemberStateMachine
 from streamkit.consumer.message import Message, Settlement
-from streamkit.middleware import BatchContext, Chain, ConsumeContext, ConsumeResult, Middleware
+from streamkit.middleware import (
+    BatchContext,
+    Chain,
+    ConsumeContext,
+    ConsumeResult,
+    Levels,
+    Middleware,
+    ReadContext,
+)
 from streamkit.protocol import RuntimeConsumerCapacity, ShardConsumptionProgress, ShardId
 from streamkit.redis_health import RedisReachability, describe_error, is_unreachable_error
 from streamkit.routing import stream_key
@@ -772,15 +780,31 @@ class ShardSession:
             for entry_id, fields in entries
         ]
         self.in_flight = len(messages)
+        poller = self._poller
         try:
-            if self._poller.options.ordered:
-                await self._handle_ordered(messages)
+            levels = poller.levels_for_read()
+            if not levels:
+                await self._handle_read(messages, None)
             else:
-                await self._handle_unordered(messages)
+                ctx = poller.read_context(messages)
+                await Chain.run(levels, ctx, partial(self._handle_read, messages, []))
         finally:
             self.in_flight = 0
 
-    async def _handle_ordered(self, messages: list[Message]) -> None:
+    async def _handle_read(
+        self, messages: list[Message], results: list[ConsumeResult] | None
+    ) -> list[ConsumeResult]:
+        """Handle one read; ``results`` (for ``consume_read``) collects each
+        handler call's result, None when nobody looks."""
+        if self._poller.options.ordered:
+            await self._handle_ordered(messages, results)
+        else:
+            await self._handle_unordered(messages, results)
+        return results if results is not None else []
+
+    async def _handle_ordered(
+        self, messages: list[Message], results: list[ConsumeResult] | None
+    ) -> None:
         """One entry (or one batch) at a time; a failed one is retried in place
         before anything after it starts."""
         poller = self._poller
@@ -797,14 +821,16 @@ class ShardSession:
             decisions: list[Decision | None]
             if batch:
                 chunk = messages
-                decisions = await poller.invoke_batch(chunk)
+                decisions = [r.decision for r in await poller.invoke_batch(chunk)]
             else:
-                decision = await poller.invoke(messages[index])
-                if decision is None:  # the common case, kept short
+                result = await poller.invoke(messages[index])
+                if results is not None:
+                    results.append(result)
+                if result.decision is None:  # the common case, kept short
                     self.in_flight -= 1
                     continue
-                chunk, decisions = [messages[index]], [decision]
-            left = await self._run_in_place(chunk, decisions)
+                chunk, decisions = [messages[index]], [result.decision]
+            left = await self._run_in_place(chunk, decisions, results)
             if left:
                 if not self.stopping and not self.halted:
                     self._redeliver.extend(left)
@@ -813,7 +839,10 @@ class ShardSession:
             self.in_flight -= len(chunk)
 
     async def _run_in_place(
-        self, chunk: list[Message], decisions: list[Decision | None]
+        self,
+        chunk: list[Message],
+        decisions: list[Decision | None],
+        results: list[ConsumeResult] | None,
     ) -> list[bytes]:
         """Finish ``chunk`` (handled once, with these outcomes), retrying failures in place.
 
@@ -871,22 +900,28 @@ class ShardSession:
             ]
             if not chunk:
                 return []  # gone meanwhile (acked elsewhere, deleted, trimmed)
-            decisions = await poller.invoke_all(chunk)
+            again = await poller.invoke_all(chunk)
+            if results is not None:
+                results.extend(again)
+            decisions = [r.decision for r in again]
 
-    async def _handle_unordered(self, messages: list[Message]) -> None:
+    async def _handle_unordered(
+        self, messages: list[Message], results: list[ConsumeResult] | None
+    ) -> None:
         """Everything at once; a failed entry is parked, the others go on."""
         poller = self._poller
         if poller.options.batch:
-            decisions = await poller.invoke_all(messages)
-            for message, decision in zip(messages, decisions, strict=True):
-                if decision is not None:
-                    await self._apply_unordered(message, decision)
+            for message, result in zip(messages, await poller.invoke_batch(messages), strict=True):
+                if result.decision is not None:
+                    await self._apply_unordered(message, result.decision)
             return
 
         async def one(message: Message) -> None:
-            decision = await poller.invoke(message)
-            if decision is not None:
-                await self._apply_unordered(message, decision)
+            result = await poller.invoke(message)
+            if results is not None:
+                results.append(result)
+            if result.decision is not None:
+                await self._apply_unordered(message, result.decision)
 
         async with anyio.create_task_group() as tg:
             for message in messages:
@@ -1157,6 +1192,13 @@ class ShardPoller:
         self._batch_chain: Chain[BatchContext, list[ConsumeResult]] = Chain(
             self.middlewares, "consume_batch"
         )
+        # consume_read wraps the reads of a per-entry handler only (a batch
+        # handler's read is one consume_batch call).
+        self._read_chain: Chain[ReadContext, list[ConsumeResult]] = Chain(
+            self.middlewares if handler is not None else (), "consume_read"
+        )
+        # Which per-entry levels are active, taken once per read (levels_for_read).
+        self._consume_levels: Levels = self._consume_chain.active_levels()
         self.gate = FairGate(options.max_in_flight)
         #: Outcomes of reads and acks: the member gives its shards back when
         #: Redis stays unreachable (see ``streamkit.redis_health``).
@@ -1245,29 +1287,41 @@ class ShardPoller:
 
     # -- handler -----------------------------------------------------------------------
 
-    async def invoke(self, message: Message) -> Decision | None:
-        """Run the handler on one message; None when done, else what the policy says.
+    def levels_for_read(self) -> Levels:
+        """The active ``consume_read`` levels for the read about to be handled.
+
+        Also takes the active ``consume`` levels that ``invoke`` uses until
+        the next read: ``active`` is read once per read, not per entry.
+        """
+        self._consume_levels = self._consume_chain.active_levels()
+        return self._read_chain.active_levels()
+
+    def read_context(self, messages: list[Message]) -> ReadContext:
+        return ReadContext(messages, self.stream_prefix, self.consumer_group, self.member_id)
+
+    async def invoke(self, message: Message) -> ConsumeResult:
+        """Run the handler on one message; the result's ``decision`` is None
+        when done, else what the policy says.
 
         The middlewares (``streamkit.middleware``) wrap the handler and the
         policy's decision together, so they see the outcome.
         """
-        if not self._consume_chain:
-            return (await self._run_one(message)).decision
+        levels = self._consume_levels
+        if not levels:
+            return await self._run_one(message)
         ctx = ConsumeContext(message, self.stream_prefix, self.consumer_group, self.member_id)
-        result = await self._consume_chain(ctx, partial(self._run_one, message))
-        return result.decision
+        return await Chain.run(levels, ctx, partial(self._run_one, message))
 
-    async def invoke_batch(self, messages: list[Message]) -> list[Decision | None]:
-        """Run the batch handler; per message, None when done, else the policy's decision.
+    async def invoke_batch(self, messages: list[Message]) -> list[ConsumeResult]:
+        """Run the batch handler; per message, a result whose ``decision`` is
+        None when done, else the policy's decision.
 
         If it raises, every message it did not settle failed with that error.
         """
         if not self._batch_chain:
-            results = await self._run_batch(messages)
-        else:
-            ctx = BatchContext(messages, self.stream_prefix, self.consumer_group, self.member_id)
-            results = await self._batch_chain(ctx, partial(self._run_batch, messages))
-        return [r.decision for r in results]
+            return await self._run_batch(messages)
+        ctx = BatchContext(messages, self.stream_prefix, self.consumer_group, self.member_id)
+        return await self._batch_chain(ctx, partial(self._run_batch, messages))
 
     async def _run_one(self, message: Message) -> ConsumeResult:
         assert self._handler is not None
@@ -1275,15 +1329,16 @@ class ShardPoller:
         try:
             await self._handler(message)
         except Exception as exc:
-            return ConsumeResult(self._failed(message, exc), exc, time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            return ConsumeResult(self._failed(message, exc), exc, elapsed, message)
         elapsed = time.perf_counter() - started
         settled = message.settled
         if settled is None:
             if self.options.auto_ack:
                 message.ack()
-            return ConsumeResult(None, None, elapsed)
+            return ConsumeResult(None, None, elapsed, message)
         decision = self._failed(message, None) if settled is Settlement.NACK else None
-        return ConsumeResult(decision, None, elapsed)
+        return ConsumeResult(decision, None, elapsed, message)
 
     async def _run_batch(self, messages: list[Message]) -> list[ConsumeResult]:
         assert self._batch_handler is not None
@@ -1293,20 +1348,20 @@ class ShardPoller:
         except Exception as exc:
             elapsed = time.perf_counter() - started
             return [
-                ConsumeResult(self._failed(m, exc), exc, elapsed)
+                ConsumeResult(self._failed(m, exc), exc, elapsed, m)
                 if m.settled is None
-                else ConsumeResult(self._returned(m), None, elapsed)
+                else ConsumeResult(self._returned(m), None, elapsed, m)
                 for m in messages
             ]
         elapsed = time.perf_counter() - started
         return [
-            ConsumeResult(self._failed(m, errors[i]), errors[i], elapsed)
+            ConsumeResult(self._failed(m, errors[i]), errors[i], elapsed, m)
             if i in errors
-            else ConsumeResult(self._returned(m), None, elapsed)
+            else ConsumeResult(self._returned(m), None, elapsed, m)
             for i, m in enumerate(messages)
         ]
 
-    async def invoke_all(self, messages: list[Message]) -> list[Decision | None]:
+    async def invoke_all(self, messages: list[Message]) -> list[ConsumeResult]:
         if self._batch_handler is not None:
             return await self.invoke_batch(messages)
         return [await self.invoke(m) for m in messages]

@@ -26,6 +26,8 @@ from streamkit.middleware import (
     Middleware,
     PublishContext,
     PublishNext,
+    ReadContext,
+    ReadNext,
 )
 from streamkit.observability.metrics import AppCollector, PrometheusMiddleware
 from streamkit.observability.tracing import TracingMiddleware, parent_context
@@ -107,6 +109,76 @@ async def test_middlewares_wrap_handler_and_policy_in_order(
     assert [h["n"] for h in handled] == ["a", "bad", "bad", "b"]  # "dup" never reached it
     # Publish middlewares changed the fields, outer first.
     assert all(h["via-outer"] == "1" and h["via-inner"] == "1" for h in handled)
+
+
+class ReadRecorder(Middleware):
+    """Logs each read's entries and the results of its handler calls, around
+    the per-entry middlewares (a ``consume`` of its own counts them)."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[list[str], list[tuple[str, str]]]] = []
+        self.entered = 0
+
+    async def consume_read(self, ctx: ReadContext, call_next: ReadNext) -> list[ConsumeResult]:
+        names = [m.fields["n"] for m in ctx.messages]
+        assert all(m.shard == ctx.shard for m in ctx.messages)
+        entered = self.entered
+        results = await call_next()
+        # Every handler call of this read went through consume inside it.
+        assert self.entered - entered == len(results)
+        outcomes = [(r.message.fields["n"], r.outcome.value) for r in results if r.message]
+        self.reads.append((names, outcomes))
+        return results
+
+    async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
+        self.entered += 1
+        return await call_next()
+
+
+@standalone
+@pytest.mark.parametrize("ordered", [True, False])
+async def test_read_middleware_sees_every_handler_call_of_a_read(
+    coordinator: CoordinatorProcess,
+    any_redis: RedisTarget,
+    admin: Admin,
+    names: tuple[str, str],
+    ordered: bool,
+) -> None:
+    prefix, group = names
+    await admin.create_group(prefix, group, 1)
+    recorder = ReadRecorder()
+    app = StreamKit(**in_process_settings(coordinator, any_redis, "read"), middlewares=[recorder])
+    pub = app.publisher(stream_prefix=prefix, group=group)
+    policy = FailurePolicy(max_attempts=2, backoff_initial_ms=10, jitter=0.0)
+
+    @app.stream_listener(stream_prefix=prefix, group=group, failure_policy=policy, ordered=ordered)
+    async def handle(msg: Message) -> None:
+        if msg.fields["n"] == "bad":
+            raise RuntimeError("boom")
+
+    with anyio.fail_after(20):
+        # Published before the member starts: one read finds all three.
+        await pub.publish_many([("k", {"n": n}) for n in ("a", "bad", "b")])
+        async with serving(app):
+            await eventually(
+                lambda: any(("bad", "dead_lettered") in o for _, o in recorder.reads),
+                10,
+                "the dead letter",
+            )
+    if ordered:
+        # Retried in place: the retry is part of the same read.
+        assert recorder.reads == [
+            (
+                ["a", "bad", "b"],
+                [("a", "acked"), ("bad", "retried"), ("bad", "dead_lettered"), ("b", "acked")],
+            )
+        ]
+    else:
+        # Parked: the retry comes back in a read of its own.
+        first, second = recorder.reads
+        assert first[0] == ["a", "bad", "b"]
+        assert sorted(first[1]) == [("a", "acked"), ("b", "acked"), ("bad", "retried")]
+        assert second == (["bad"], [("bad", "dead_lettered")])
 
 
 def recording() -> tuple[InMemorySpanExporter, TracerProvider]:
