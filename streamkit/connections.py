@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
-from typing import Any, TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio
@@ -80,10 +80,24 @@ def fast_packing(connection_class: type[AbstractConnection]) -> type[AbstractCon
     return _FAST[connection_class]
 
 
+_hiredis_pack: Callable[..., bytes] | None
+try:
+    import hiredis
+
+    _hiredis_pack = hiredis.pack_command
+except ImportError:  # pragma: no cover - depends on the installation
+    _hiredis_pack = None
+
+_UTF8: Final = frozenset({"utf-8", "utf8", "UTF-8", "UTF8"})
+
+
 def pack_command(encoder: Any, args: tuple[Any, ...]) -> list[bytes]:
     """RESP-encode one command as one buffer, as redis-py's packer does.
 
-    Exact ``str``/``bytes``/``int`` arguments take a fast path; anything else
+    With hiredis installed (and the client's encoding UTF-8, strict), its C
+    packer does it: an ``XACK`` of a read's hundred ids packed in Python was
+    about a tenth of a handled entry's cost.  Without it, exact
+    ``str``/``bytes``/``int`` arguments take a fast path; anything else
     (floats, memoryviews, and the types redis-py refuses, such as ``bool`` or
     ``None``) goes through redis-py's encoder, so errors stay redis-py's.
     A first argument with spaces (``"CONFIG GET"``) is split into words.
@@ -93,6 +107,17 @@ def pack_command(encoder: Any, args: tuple[Any, ...]) -> list[bytes]:
         args = (*head.encode().split(), *args[1:])
     elif type(head) is bytes and b" " in head:
         args = (*head.split(), *args[1:])
+    if _hiredis_pack is not None and encoder.encoding_errors == "strict":
+        if encoder.encoding in _UTF8:
+            try:
+                return [_hiredis_pack(args)]
+            except TypeError:
+                pass  # a type hiredis refuses: redis-py's encoder decides below
+    return _pack_python(encoder, args)
+
+
+def _pack_python(encoder: Any, args: tuple[Any, ...]) -> list[bytes]:
+    """``pack_command`` without hiredis (``args`` already split)."""
     encoding, errors = encoder.encoding, encoder.encoding_errors
     pieces = [b"*%d\r\n" % len(args)]
     append = pieces.append

@@ -17,7 +17,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio.connection import Connection
 
-from streamkit.connections import connect_redis, pack_command, send_command, send_commands
+from streamkit import connections
+from streamkit.connections import (
+    _pack_python,
+    connect_redis,
+    pack_command,
+    send_command,
+    send_commands,
+)
 from streamkit.consumer.poller import _parsed_read
 from streamkit.testing import RedisServer
 
@@ -32,9 +39,23 @@ command_names = st.sampled_from(["XADD", b"XADD", "CONFIG GET", b"CLIENT SETNAME
 
 @given(command_names, st.lists(arguments, max_size=12))
 def test_packing_matches_redis_py(name: str | bytes, args: list[object]) -> None:
+    # redis-py's asyncio Connection packs in Python: the reference for both
+    # of ours, hiredis' C packer (when installed) and the pure-Python one.
     connection = Connection()
     expected = b"".join(connection.pack_command(name, *args))
     assert b"".join(pack_command(connection.encoder, (name, *args))) == expected
+    if type(name) is str:
+        split: tuple[object, ...] = (*name.encode().split(), *args)
+    else:
+        assert isinstance(name, bytes)
+        split = (*name.split(), *args)
+    assert b"".join(_pack_python(connection.encoder, split)) == expected
+
+
+def test_hiredis_packs_when_installed() -> None:
+    # The test environment installs hiredis (the server extra): the C path
+    # above is the one tested, not only the fallback.
+    assert connections._hiredis_pack is not None
 
 
 @pytest.mark.parametrize("bad", [None, True, object()])
