@@ -111,16 +111,14 @@ class ConsumeContext:
 
 
 @dataclass(slots=True)
-class ReadContext:
-    """The entries of one read of one shard, about to be handled one by one.
-
-    Not calling ``call_next`` leaves them pending (they come back).
-    """
+class _ShardEntries:
+    """Entries of one shard about to be handled, and who handles them."""
 
     messages: list[Message]
     stream_prefix: str
     consumer_group: str
     member_id: str
+    #: Scratch space shared by the middlewares of this call.
     state: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -129,18 +127,16 @@ class ReadContext:
 
 
 @dataclass(slots=True)
-class BatchContext:
+class ReadContext(_ShardEntries):
+    """The entries of one read of one shard, about to be handled one by one.
+
+    Not calling ``call_next`` leaves them pending (they come back).
+    """
+
+
+@dataclass(slots=True)
+class BatchContext(_ShardEntries):
     """One batch (entries of one shard) about to be handed to a batch handler."""
-
-    messages: list[Message]
-    stream_prefix: str
-    consumer_group: str
-    member_id: str
-    state: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def shard(self) -> int:
-        return self.messages[0].shard
 
 
 @dataclass(slots=True)
