@@ -31,7 +31,14 @@ from consume import head_sampled_traceparent, observability_stacks
 from prometheus_client import CollectorRegistry
 
 from streamkit.consumer.message import Message
-from streamkit.middleware import Chain, ConsumeContext, ConsumeResult, Middleware, ReadContext
+from streamkit.middleware import (
+    Chain,
+    ConsumeContext,
+    ConsumeResult,
+    Levels,
+    Middleware,
+    ReadContext,
+)
 from streamkit.observability.metrics import PrometheusMiddleware
 
 
@@ -65,7 +72,7 @@ def entries(n: int) -> list[Message]:
 
 
 async def run(stack: list[Middleware], messages: list[Message], batch: int) -> float:
-    """``ShardPoller``'s use of the chains (levels_for_read, _handle_read, invoke)."""
+    """``ShardPoller``'s use of the chains (begin_read, _handle_read, invoke)."""
     consume: Chain[ConsumeContext, ConsumeResult] = Chain(stack, "consume")
     read: Chain[ReadContext, list[ConsumeResult]] = Chain(stack, "consume_read")
 
@@ -73,9 +80,8 @@ async def run(stack: list[Middleware], messages: list[Message], batch: int) -> f
         return ConsumeResult(None, None, 0.00002, message)
 
     async def handle_read(
-        chunk: list[Message], results: list[ConsumeResult] | None
+        chunk: list[Message], levels: Levels, results: list[ConsumeResult] | None
     ) -> list[ConsumeResult]:
-        levels = consume_levels
         for message in chunk:
             if levels:
                 ctx = ConsumeContext(message, "bench", "group", "member-1")
@@ -93,9 +99,9 @@ async def run(stack: list[Middleware], messages: list[Message], batch: int) -> f
         read_levels = read.active_levels()
         if read_levels:
             ctx = ReadContext(chunk, "bench", "group", "member-1")
-            await Chain.run(read_levels, ctx, partial(handle_read, chunk, []))
+            await Chain.run(read_levels, ctx, partial(handle_read, chunk, consume_levels, []))
         else:
-            await handle_read(chunk, None)
+            await handle_read(chunk, consume_levels, None)
     return (time.process_time() - started) / len(messages) * 1e6
 
 

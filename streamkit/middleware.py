@@ -211,7 +211,7 @@ def chain(
     ``call_next`` is a ``functools.partial`` (built in C) rather than a new
     Python closure.
     """
-    return _run(reversed(_overriding(middlewares, method)), ctx, innermost)
+    return Chain.run(_active(reversed(_overriding(middlewares, method))), ctx, innermost)
 
 
 class Chain(Generic[C, R]):
@@ -232,14 +232,12 @@ class Chain(Generic[C, R]):
         return bool(self._levels)
 
     def __call__(self, ctx: C, innermost: Callable[[], Awaitable[R]]) -> Awaitable[R]:
-        return _run(self._levels, ctx, innermost)
+        return Chain.run(self.active_levels(), ctx, innermost)
 
     def active_levels(self) -> Levels:
         """The levels active now, innermost first (empty: call straight through)."""
         levels = self._levels
-        if not levels:
-            return levels
-        return tuple(level for level in levels if level[0].active)
+        return _active(levels) if levels else levels
 
     @staticmethod
     def run(levels: Levels, ctx: C, innermost: Callable[[], Awaitable[R]]) -> Awaitable[R]:
@@ -250,14 +248,9 @@ class Chain(Generic[C, R]):
         return call()
 
 
-def _run(
-    levels_inside_out: Iterable[_Level], ctx: C, innermost: Callable[[], Awaitable[R]]
-) -> Awaitable[R]:
-    call: Callable[[], Awaitable[R]] = innermost
-    for middleware, bound in levels_inside_out:
-        if middleware.active:
-            call = partial(bound, ctx, call)
-    return call()
+def _active(levels: Iterable[_Level]) -> Levels:
+    """The levels whose middleware is active now (``Middleware.active``)."""
+    return tuple(level for level in levels if level[0].active)
 
 
 _Level = tuple[Middleware, Callable[..., Any]]

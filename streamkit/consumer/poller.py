@@ -786,7 +786,7 @@ class ShardSession:
         self.in_flight = len(messages)
         poller = self._poller
         try:
-            levels = poller.levels_for_read()
+            levels = poller.begin_read()
             if not levels:
                 await self._handle_read(messages, None)
             else:
@@ -1209,7 +1209,7 @@ class ShardPoller:
         self._read_chain: Chain[ReadContext, list[ConsumeResult]] = Chain(
             self.middlewares if handler is not None else (), "consume_read"
         )
-        # Which per-entry levels are active, taken once per read (levels_for_read).
+        # Which per-entry levels are active, taken once per read (begin_read).
         self._consume_levels: Levels = self._consume_chain.active_levels()
         self.gate = FairGate(options.max_in_flight)
         #: Outcomes of reads and acks: the member gives its shards back when
@@ -1299,11 +1299,12 @@ class ShardPoller:
 
     # -- handler -----------------------------------------------------------------------
 
-    def levels_for_read(self) -> Levels:
-        """The active ``consume_read`` levels for the read about to be handled.
+    def begin_read(self) -> Levels:
+        """A read is about to be handled: take the active middleware levels.
 
-        Also takes the active ``consume`` levels that ``invoke`` uses until
-        the next read: ``active`` is read once per read, not per entry.
+        Returns the active ``consume_read`` levels, and keeps the active
+        ``consume`` levels that ``invoke`` uses until the next read: ``active``
+        is read once per read, not per entry.
         """
         self._consume_levels = self._consume_chain.active_levels()
         return self._read_chain.active_levels()

@@ -135,8 +135,9 @@ class _Group:
         self.publish_duration = _Histogram()
         self.publish_errors: dict[str, int] = {}
 
-    def count(self, results: list[ConsumeResult]) -> None:
-        """Count the outcomes and time the handler calls of one read.
+    def count(self, results: list[ConsumeResult], *, time_each: bool) -> None:
+        """Count the outcomes of ``results``; with ``time_each``, also time
+        each one (a handler call each; a batch call is timed once, by the caller).
 
         ``_Histogram.observe`` inlined: this loop runs per entry.
         """
@@ -144,9 +145,10 @@ class _Group:
         total = 0.0
         succeeded = 0
         for result in results:
-            seconds = result.duration_s
-            counts[bisect_left(_BUCKETS, seconds)] += 1
-            total += seconds
+            if time_each:
+                seconds = result.duration_s
+                counts[bisect_left(_BUCKETS, seconds)] += 1
+                total += seconds
             if result.decision is None:
                 succeeded += 1
             else:
@@ -185,7 +187,7 @@ class PrometheusMiddleware(Middleware, Collector):
             results = await call_next()
         finally:
             group.ended += size
-        group.count(results)
+        group.count(results, time_each=True)
         return results
 
     async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:
@@ -196,13 +198,9 @@ class PrometheusMiddleware(Middleware, Collector):
             results = await call_next()
         finally:
             group.ended += size
-        if results:
+        if results:  # one handler call: timed once
             group.duration.observe(results[0].duration_s)
-        for result in results:
-            if result.decision is None:
-                group.succeeded += 1
-            else:
-                group.failed[result.outcome] += 1
+        group.count(results, time_each=False)
         return results
 
     async def publish(self, ctx: PublishContext, call_next: PublishNext) -> PublishResult:

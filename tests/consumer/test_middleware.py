@@ -384,7 +384,11 @@ async def test_batch_middleware_sees_one_outcome_per_entry(
     prefix, group = names
     await admin.create_group(prefix, group, 1)
     recorder = BatchRecorder()
-    app = StreamKit(**in_process_settings(coordinator, any_redis, "batch"), middlewares=[recorder])
+    registry = CollectorRegistry()
+    app = StreamKit(
+        **in_process_settings(coordinator, any_redis, "batch"),
+        middlewares=[recorder, PrometheusMiddleware(registry)],
+    )
     pub = app.publisher(stream_prefix=prefix, group=group)
     policy = FailurePolicy(max_attempts=1)
 
@@ -402,6 +406,18 @@ async def test_batch_middleware_sees_one_outcome_per_entry(
             )
     outcomes = [o for _, batch in recorder.batches for o in batch]
     assert outcomes == ["acked", "dead_lettered", "acked", "dead_lettered"]
+
+    # The metrics count a batch's outcomes per entry and time each handler call once.
+    def value(name: str, **extra: str) -> float:
+        labels = {"stream_prefix": prefix, "group": group, **extra}
+        return registry.get_sample_value(name, labels) or 0.0
+
+    assert value("streamkit_consumer_entries_received_total") == 4
+    assert value("streamkit_consumer_entries_handled_total", outcome="acked") == 2
+    assert value("streamkit_consumer_entries_handled_total", outcome="dead_lettered") == 2
+    calls = len(recorder.batches)
+    assert value("streamkit_consumer_handler_duration_seconds_count") == calls
+    assert value("streamkit_consumer_in_flight") == 0
 
 
 @standalone
