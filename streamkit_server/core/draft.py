@@ -11,11 +11,26 @@ shards.  ``target`` is only ever replaced, never changed in place.
 
 from __future__ import annotations
 
+from typing import Final
+
 from streamkit.protocol import GroupState, HeartbeatRequest, MemberState, RevokingShardState
 
 from .assignor import assign
 from .config import CoordinatorConfig
 from .model import NEVER_MS, CorrectionRound, GroupMetadata, MemberMetadata, ShardProgress
+
+#: Member epochs count in thousandths of a millisecond of the issuing
+#: coordinator's clock: an epoch is ``now_ms * EPOCHS_PER_MS``, or one above
+#: the last one issued when that is higher (several in one millisecond).
+#: Numbers issued later are therefore higher even when Redis lost the record
+#: of the earlier ones.  About 1.8e15 today: far below 2**53, so JSON readers
+#: that parse numbers as doubles (the console) still see them exactly.
+EPOCHS_PER_MS: Final = 1_000
+
+
+def epoch_floor(now_ms: int) -> int:
+    """The lowest epoch a coordinator may issue at ``now_ms``."""
+    return now_ms * EPOCHS_PER_MS
 
 
 class Draft:
@@ -41,6 +56,9 @@ class Draft:
         # Member ids whose record may have changed (added, updated, removed):
         # lets the result list its changes without comparing every member.
         self.touched: set[str] = set()
+        # Members issued a new epoch: ``finish`` stamps it with the version
+        # of the answer that carries it (``MemberMetadata.epoch_version``).
+        self.issued: set[str] = set()
 
     def _members_for_write(self) -> dict[str, MemberMetadata]:
         if not self._members_copied:
@@ -153,12 +171,22 @@ class Draft:
             self._update_member(member_id, state=MemberState.ACTIVE)
             self.observable = True
 
-    def record_liveness(self, member_id: str, request: HeartbeatRequest) -> None:
+    def record_liveness(self, member_id: str, request: HeartbeatRequest, *, current: bool) -> None:
+        """Record a heartbeat of the member (its lease runs from now).
+
+        ``current``: the report is the member's newest, proven by its epoch
+        and version.  Any other report (a retry, a join, one answered
+        SYNC_METADATA) may be older than what the member has said since, so it
+        may only raise the version it reports and add to the shards it is known
+        to drain, never lower or clear them: a stale report that cleared a
+        forgotten drain would let a correction round close under a reader.
+        """
         capacity = request.runtime_consumer_capacity
+        member = self.group.members[member_id]
         # Keep progress only for shards the member still holds, so retired and
         # handed-over shards do not pile up in the aggregate.
         held = set(self.group.shards_held_by(member_id))
-        progress = {s: p for s, p in self.group.members[member_id].progress.items() if s in held}
+        progress = {s: p for s, p in member.progress.items() if s in held}
         for report in request.shard_progress:
             if report.shard is None or report.shard.shard_index not in held:
                 continue
@@ -169,34 +197,42 @@ class Draft:
                 pending_count=report.pending_count or 0,
                 updated_at_ms=self.now,
             )
-        unrecorded = sorted(
-            {
-                report.shard.shard_index
-                for report in request.revoking_shards
-                if report.shard is not None
-                and (report.state is not RevokingShardState.REVOKED or report.in_flight)
-            }
-            - held
-        )
+        unrecorded = {
+            report.shard.shard_index
+            for report in request.revoking_shards
+            if report.shard is not None
+            and (report.state is not RevokingShardState.REVOKED or report.in_flight)
+        }
+        version = request.metadata_version
+        if not current:
+            unrecorded.update(member.draining_unrecorded)
+            version = max(version, member.last_reported_version)
         self._update_member(
             member_id,
             last_heartbeat_ms=self.now,
-            last_reported_version=request.metadata_version,
-            draining_unrecorded=unrecorded,
-            member_name=request.member_name or self.group.members[member_id].member_name,
+            last_reported_version=version,
+            draining_unrecorded=sorted(unrecorded - held),
+            member_name=request.member_name or member.member_name,
             runtime_max_concurrency=capacity.runtime_max_concurrency or 1,
             available_concurrency=capacity.available_concurrency or 0,
             progress=progress,
         )
 
     def _issue_epoch(self, member_id: str) -> None:
-        self.group.last_issued_member_epoch += 1
+        # From the clock, not from the counter alone: after Redis lost writes
+        # the counter is back where the restored state left it, and counting
+        # on from there would issue the lost history's numbers again, to other
+        # assignments.  A number drawn later in time is higher than any the
+        # lost history drew (and ``open_correction`` jumps past clock skew).
+        epoch = max(self.group.last_issued_member_epoch + 1, epoch_floor(self.now))
+        self.group.last_issued_member_epoch = epoch
         member = self.group.members[member_id]
         self._update_member(
             member_id,
             previous_member_epoch=member.member_epoch,
-            member_epoch=self.group.last_issued_member_epoch,
+            member_epoch=epoch,
         )
+        self.issued.add(member_id)
         self.observable = True
 
     def refresh_member_view(self, member_id: str) -> None:
@@ -273,6 +309,14 @@ class Draft:
         from then on.  The cost is a longer round while a member keeps
         reporting a version above Redis'.
         """
+        # Redis lost writes, and with them the record of epochs they issued,
+        # possibly by a coordinator whose clock runs ahead of this one.  Every
+        # epoch from now on is above anything issued before the loss by a
+        # clock up to one member lease ahead: more skew than that breaks the
+        # leases first (docs/concepts.md, "Epochs never repeat").
+        jump = epoch_floor(self.now + self.config.member_lease_ttl_ms)
+        if self.group.last_issued_member_epoch < jump:
+            self.group.last_issued_member_epoch = jump
         correction = self.group.correction
         if correction is None:
             self.group.correction = CorrectionRound(
@@ -402,6 +446,8 @@ class Draft:
             self.group.metadata_version += 1
             # The group state depends only on what ``observable`` covers.
             self.group.state = _derive_state(self.group)
+            for member_id in self.issued & self.group.members.keys():
+                self._update_member(member_id, epoch_version=self.group.metadata_version)
         self.group.updated_at_ms = self.now
         return self.group
 

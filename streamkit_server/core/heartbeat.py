@@ -54,6 +54,7 @@ from .draft import Draft
 from .errors import Rejected
 from .model import GroupMetadata, MemberMetadata
 from .result import Result, result_of
+from .witness import Witness, rollback_witness
 
 
 class MemberIdInUse(Rejected):
@@ -105,8 +106,9 @@ def handle_heartbeat(
 
 def _decide(draft: Draft, member_id: str, request: HeartbeatRequest) -> HeartbeatOutcome:
     draft.apply_timeouts()
-    if request.metadata_version > draft.group.metadata_version:
-        draft.open_correction(request.metadata_version)
+    witness = rollback_witness(draft.group, request, draft.now, draft.config)
+    if witness is Witness.ACCEPTED:
+        draft.open_correction(max(request.metadata_version, draft.group.metadata_version))
 
     if request.member_epoch == 0:
         return _join(draft, request)
@@ -122,17 +124,25 @@ def _decide(draft: Draft, member_id: str, request: HeartbeatRequest) -> Heartbea
         return _fence(draft, request, HeartbeatStatus.FENCED_MEMBER_EPOCH)
     if not member.live:
         return _fence(draft, request, HeartbeatStatus.FENCED_MEMBER_EPOCH)
-    if request.metadata_version > draft.group.metadata_version:
-        # Metadata correction: the member saw state Redis no longer has.  Its
-        # report cannot be checked against Redis, so it changes nothing; the
-        # answer tells it which of its shards it may keep.
-        draft.record_liveness(member_id, request)
-        return _answer(draft, request, member_id)
+    if witness is not Witness.NONE:
+        # Metadata correction: the member saw state Redis no longer has (or
+        # claims numbers no coordinator issued).  Its report cannot be checked
+        # against Redis, so it changes nothing; the answer tells it which of
+        # its shards it may keep.
+        draft.record_liveness(member_id, request, current=False)
+        return _answer(draft, request, member_id, resync=True)
     if request.member_epoch == member.previous_member_epoch != member.member_epoch:
-        draft.record_liveness(member_id, request)
+        draft.record_liveness(member_id, request, current=False)
         return _answer(draft, request, member_id)
     if request.member_epoch != member.member_epoch:
         return _fence(draft, request, HeartbeatStatus.FENCED_MEMBER_EPOCH)
+    if request.metadata_version < member.epoch_version:
+        # The current epoch with a version below the one its answer carried:
+        # the report was not made after that answer, so it comes from a
+        # history Redis no longer has (the number was issued there too).  It
+        # proves nothing about what the member holds now: nothing changes,
+        # and the member is sent back to Redis' view.
+        return _answer(draft, request, member_id, resync=True)
     return _reconcile(draft, request, member)
 
 
@@ -162,7 +172,7 @@ def _reconcile(draft: Draft, request: HeartbeatRequest, member: MemberMetadata) 
         if shard not in owned and shard not in still_draining:
             draft.release(shard)
 
-    draft.record_liveness(member_id, request)
+    draft.record_liveness(member_id, request, current=True)
     draft.activate(member_id)
     if draft.may_grant():
         draft.grant_pending(member_id)
@@ -193,8 +203,10 @@ def _join(draft: Draft, request: HeartbeatRequest) -> HeartbeatOutcome:
     # the member moved on (the simulation found that one).  Only the first two
     # read nothing, and they cannot be told apart, so the join releases
     # nothing: it answers the current view, and the member releases what it
-    # does not read by omitting it from its next heartbeat.
-    draft.record_liveness(member_id, request)
+    # does not read by omitting it from its next heartbeat.  For the same
+    # reason its report may add to what the member is known to drain, never
+    # take from it (``record_liveness``).
+    draft.record_liveness(member_id, request, current=False)
     if draft.may_grant():
         draft.grant_pending(member_id)
     draft.refresh_member_view(member_id)
@@ -228,13 +240,17 @@ def _leave(draft: Draft, request: HeartbeatRequest) -> HeartbeatOutcome:
     )
 
 
-def _answer(draft: Draft, request: HeartbeatRequest, member_id: str) -> HeartbeatOutcome:
+def _answer(
+    draft: Draft, request: HeartbeatRequest, member_id: str, *, resync: bool = False
+) -> HeartbeatOutcome:
     group = draft.finish()
     member = group.members[member_id]
     assigned = group.assigned_to(member_id)
     pending = group.pending_for(member_id)
     status = HeartbeatStatus.OK
-    if group.correction is not None:
+    if resync:
+        status = HeartbeatStatus.SYNC_METADATA
+    elif group.correction is not None:
         # Compared with the version the member could have seen: a change made
         # by this very heartbeat (its own release) must not send it to resync.
         if request.metadata_version != draft.original.metadata_version:

@@ -69,6 +69,11 @@ class MemberMetadata(_Aggregate):
     # The epoch before the last bump: a heartbeat carrying it is a retry whose
     # response was lost, answered with the current view instead of a fence.
     previous_member_epoch: int = 0
+    # The metadataVersion of the answer that carried ``member_epoch``.  The
+    # member reports at least this version with that epoch from then on, so a
+    # report with the epoch and a lower version was not made after that
+    # answer: it comes from a history Redis no longer has.
+    epoch_version: int = 0
     joined_at_ms: int = 0
     last_heartbeat_ms: int = 0
     # The readable shard set and owned set last communicated to the member;
@@ -192,8 +197,11 @@ class GroupMetadata(_Aggregate):
     group_epoch: int = 0
     assignment_epoch: int = 0
     metadata_version: int = 1
-    # Member epochs come from one group-wide counter so an epoch is never
-    # reissued, not even to a member id that left and came back.
+    # The highest member epoch issued in this group.  Epochs are drawn from
+    # the clock (``Draft.issue_epoch``), not only from this counter: Redis can
+    # lose writes and roll the counter back, and a number issued again for
+    # another assignment would let a report from the lost history pass as
+    # current.  See docs/concepts.md, "Epochs never repeat".
     last_issued_member_epoch: int = 0
     state: GroupState = GroupState.EMPTY
     members: dict[str, MemberMetadata] = Field(default_factory=dict)

@@ -125,7 +125,9 @@ def test_positive_epoch_from_unknown_member_is_unknown_member_id() -> None:
 
 def test_older_epoch_is_fenced_and_changes_nothing() -> None:
     h, a_epoch, _ = two_members_rebalancing()
-    a = h.beat("a", request("a", a_epoch, owned=[0, 1], revoked=[2, 3], version=0))
+    a = h.beat(
+        "a", request("a", a_epoch, owned=[0, 1], revoked=[2, 3], version=h.group.metadata_version)
+    )
     assert a.epoch > a_epoch > 1  # so epoch 1 is neither current nor previous
     before = h.group
     stale = h.beat("a", request("a", 1, owned=[0, 1], version=h.group.metadata_version))
@@ -134,13 +136,18 @@ def test_older_epoch_is_fenced_and_changes_nothing() -> None:
     assert h.group.members["a"].state is before.members["a"].state
 
 
-def test_epoch_from_the_future_is_fenced_and_changes_nothing() -> None:
+def test_an_epoch_never_issued_to_the_member_is_a_rollback_witness() -> None:
+    """An epoch above the member's record was issued in a history Redis lost:
+    the report changes nothing, the member is sent back to Redis' view, and a
+    correction round holds every grant back."""
     h = Harness()
-    a = h.join("a")
+    a = h.steady("a", h.join("a"))
     owners = dict(h.group.owners)
-    answer = h.beat("a", request("a", a.epoch + 5, owned=[0], version=a.version))
-    assert answer.status is HeartbeatStatus.FENCED_MEMBER_EPOCH
+    answer = h.beat("a", request("a", a.epoch + 5, owned=[0, 1, 2, 3], version=a.version))
+    assert answer.status is HeartbeatStatus.SYNC_METADATA
+    assert answer.epoch == a.epoch and answer.assigned == [0, 1, 2, 3]
     assert h.group.owners == owners
+    assert h.group.correction is not None
 
 
 def test_previous_epoch_means_lost_response_and_gets_current_view_not_a_fence() -> None:
@@ -222,14 +229,16 @@ def test_expired_member_heartbeating_again_is_fenced() -> None:
 def test_drain_decision_is_repeated_when_its_answer_was_lost() -> None:
     h, a_epoch, _ = two_members_rebalancing()
     # a never got the DRAIN answer and retries with what it had.
-    again = h.beat("a", request("a", a_epoch, owned=[0, 1, 2, 3], version=0))
-    third = h.beat("a", request("a", a_epoch, owned=[0, 1, 2, 3], version=0))
+    again = h.beat("a", request("a", a_epoch, owned=[0, 1, 2, 3], version=h.group.metadata_version))
+    third = h.beat("a", request("a", a_epoch, owned=[0, 1, 2, 3], version=h.group.metadata_version))
     assert again.assigned == third.assigned == [0, 1]
 
 
 def test_new_owner_sees_shard_pending_until_previous_owner_reports_revoked() -> None:
     h, a_epoch, b_epoch = two_members_rebalancing()
-    a = h.beat("a", request("a", a_epoch, owned=[0, 1], draining=[2, 3], version=0))
+    a = h.beat(
+        "a", request("a", a_epoch, owned=[0, 1], draining=[2, 3], version=h.group.metadata_version)
+    )
     b = h.beat("b", request("b", b_epoch, version=h.group.metadata_version))
     assert b.assigned == [] and b.pending == [2, 3]
     h.beat("a", request("a", a.epoch, owned=[0, 1], revoked=[2, 3], version=a.version))
@@ -239,24 +248,40 @@ def test_new_owner_sees_shard_pending_until_previous_owner_reports_revoked() -> 
 
 def test_revoked_with_work_in_flight_does_not_release() -> None:
     h, a_epoch, _b_epoch = two_members_rebalancing()
-    h.beat("a", request("a", a_epoch, owned=[0, 1], revoked=[2, 3], in_flight=3, version=0))
+    h.beat(
+        "a",
+        request(
+            "a",
+            a_epoch,
+            owned=[0, 1],
+            revoked=[2, 3],
+            in_flight=3,
+            version=h.group.metadata_version,
+        ),
+    )
     assert h.group.shards_held_by("a") == [0, 1, 2, 3]
 
 
 def test_revoked_ack_whose_answer_was_lost_still_lets_new_owner_in() -> None:
     h, a_epoch, b_epoch = two_members_rebalancing()
-    h.beat("a", request("a", a_epoch, owned=[0, 1], revoked=[2, 3], version=0))  # answer lost
+    h.beat(
+        "a", request("a", a_epoch, owned=[0, 1], revoked=[2, 3], version=h.group.metadata_version)
+    )  # answer lost
     b = h.beat("b", request("b", b_epoch, version=h.group.metadata_version))
     assert b.assigned == [2, 3]
     # a repeats the REVOKED report: a duplicate terminal report is ignored, not fenced.
-    again = h.beat("a", request("a", a_epoch, owned=[0, 1], revoked=[2, 3], version=0))
+    again = h.beat(
+        "a", request("a", a_epoch, owned=[0, 1], revoked=[2, 3], version=h.group.metadata_version)
+    )
     assert again.status is OK
     assert h.group.shards_held_by("b") == [2, 3]
 
 
 def test_previous_owner_expiring_while_draining_releases_after_ttl_not_before() -> None:
     h, a_epoch, b_epoch = two_members_rebalancing()
-    h.beat("a", request("a", a_epoch, owned=[0, 1], draining=[2, 3], version=0))
+    h.beat(
+        "a", request("a", a_epoch, owned=[0, 1], draining=[2, 3], version=h.group.metadata_version)
+    )
     last_a = h.now
     for _ in range(9):
         h.advance(100)
@@ -271,7 +296,9 @@ def test_previous_owner_expiring_while_draining_releases_after_ttl_not_before() 
 
 def test_member_exceeding_rebalance_timeout_is_fenced() -> None:
     h, a_epoch, b_epoch = two_members_rebalancing()
-    a = h.beat("a", request("a", a_epoch, owned=[0, 1], draining=[2, 3], version=0))
+    a = h.beat(
+        "a", request("a", a_epoch, owned=[0, 1], draining=[2, 3], version=h.group.metadata_version)
+    )
     # a keeps heartbeating but never finishes draining.
     while h.now <= CONFIG.rebalance_timeout_ms:
         h.advance(500)
@@ -446,7 +473,9 @@ def test_tick_with_nothing_due_returns_the_same_object() -> None:
 def test_group_state_goes_reconciling_then_stable() -> None:
     h, a_epoch, b_epoch = two_members_rebalancing()
     assert h.group.state is GroupState.RECONCILING
-    a = h.beat("a", request("a", a_epoch, owned=[0, 1], revoked=[2, 3], version=0))
+    a = h.beat(
+        "a", request("a", a_epoch, owned=[0, 1], revoked=[2, 3], version=h.group.metadata_version)
+    )
     h.beat("b", request("b", b_epoch, version=h.group.metadata_version))
     assert h.group.state is GroupState.STABLE
     assert a.status is OK
@@ -454,7 +483,7 @@ def test_group_state_goes_reconciling_then_stable() -> None:
 
 def test_reported_progress_is_kept_only_for_held_shards() -> None:
     h, a_epoch, _ = two_members_rebalancing()
-    req = request("a", a_epoch, owned=[0, 1], revoked=[2, 3], version=0)
+    req = request("a", a_epoch, owned=[0, 1], revoked=[2, 3], version=h.group.metadata_version)
     req.shard_progress = [
         ShardConsumptionProgress(shard=ShardId(shard_index=s), last_acked_id="1-0")
         for s in (0, 1, 2, 3, 9)
