@@ -227,9 +227,16 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "stale-report-clears-drain",
-        "a report that is not the member's newest may clear the drains it is known for",
-        ((DRAFT, "        if not current:\n", "        if False:\n"),),
+        "epochs-from-counter",
+        "member epochs counted on from Redis' counter alone (the version check kept)",
+        (
+            (
+                DRAFT,
+                "epoch = max(self.group.last_issued_member_epoch + 1, epoch_floor(self.now))",
+                "epoch = self.group.last_issued_member_epoch + 1",
+            ),
+            (DRAFT, "if self.group.last_issued_member_epoch < jump:", "if False:"),
+        ),
     ),
     Mutant(
         "grant-near-lease-end",

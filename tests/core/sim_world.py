@@ -417,12 +417,20 @@ class Held:
     """A request held up on the wire."""
 
     request: HeartbeatRequest
-    #: How many snapshots Redis held when it was sent: the member's view came
-    #: from writes up to there.
+    #: How many snapshots Redis held when it was sent.
     sent_at: int
-    #: Redis has since lost writes the sender may have heard of: the request
-    #: comes from a history Redis no longer has.
+    #: Redis has since lost writes made before it was sent (the sender may
+    #: have heard of them).
     lost: bool = False
+    #: The snapshot whose write issued the epoch the request carries (None for
+    #: a join or a leave).
+    origin: Snapshot | None = None
+
+    def from_lost_history(self, redis: Redis) -> bool:
+        """The epoch it carries was issued by a write Redis no longer has: the
+        request comes from a history that is gone, whatever its numbers say."""
+        origin = self.origin
+        return origin is not None and not any(s is origin for s in redis.history)
 
 
 @dataclass
@@ -430,14 +438,14 @@ class Network:
     delayed: list[Held] = field(default_factory=list)
     #: A copy of each of the latest requests, taking the long way (a retry by
     #: a proxy, a duplicated packet).  When Redis loses writes, the copies sent
-    #: since are from the lost history: they join ``delayed`` and arrive late.
+    #: since join ``delayed`` and arrive late.
     copies: deque[Held] = field(default_factory=lambda: deque(maxlen=COPIES_KEPT))
 
-    def hold(self, request: HeartbeatRequest, redis: Redis) -> None:
-        self.delayed.append(Held(request, len(redis.history)))
+    def hold(self, request: HeartbeatRequest, redis: Redis, origin: Snapshot | None) -> None:
+        self.delayed.append(Held(request, len(redis.history), origin=origin))
 
-    def copy(self, request: HeartbeatRequest, redis: Redis) -> None:
-        self.copies.append(Held(request, len(redis.history)))
+    def copy(self, request: HeartbeatRequest, redis: Redis, origin: Snapshot | None) -> None:
+        self.copies.append(Held(request, len(redis.history), origin=origin))
 
     def history_lost_from(self, index: int) -> None:
         """Redis kept only its first ``index`` snapshots."""
@@ -445,7 +453,9 @@ class Network:
             if held.sent_at > index:
                 held.lost = True
         self.delayed.extend(
-            Held(c.request, c.sent_at, lost=True) for c in self.copies if c.sent_at > index
+            Held(c.request, c.sent_at, lost=True, origin=c.origin)
+            for c in self.copies
+            if c.sent_at > index
         )
         self.copies.clear()
 
