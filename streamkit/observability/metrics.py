@@ -39,9 +39,7 @@ from streamkit.consumer.stats import ReadTimer
 from streamkit.middleware import (
     BatchContext,
     BatchNext,
-    ConsumeResult,
     Middleware,
-    Outcome,
     PublishContext,
     PublishManyContext,
     PublishManyNext,
@@ -49,10 +47,11 @@ from streamkit.middleware import (
     ReadContext,
     ReadNext,
 )
+from streamkit.publisher.errors import PublishBatchError, RoutingUnavailable, StaleRouteError
+from streamkit.results import ConsumeResult, Outcome, PublishResult
 
 if TYPE_CHECKING:
     from streamkit.app import StreamKit
-    from streamkit.publisher.publisher import PublishResult
 
 __all__ = ["AppCollector", "PrometheusMiddleware", "error_reason"]
 
@@ -65,9 +64,6 @@ _LE: Final = (*(repr(float(b)) for b in _BUCKETS), "+Inf")
 
 def error_reason(error: BaseException) -> str:
     """A bounded label for a publish error (never the message text)."""
-    from streamkit.publisher.publisher import StaleRouteError
-    from streamkit.publisher.routing_cache import RoutingUnavailable
-
     if isinstance(error, StaleRouteError):
         return "stale_route"
     if isinstance(error, RoutingUnavailable):
@@ -218,8 +214,6 @@ class PrometheusMiddleware(Middleware, Collector):
     async def publish_many(
         self, ctx: PublishManyContext, call_next: PublishManyNext
     ) -> list[PublishResult]:
-        from streamkit.publisher.publisher import PublishBatchError
-
         group = self._group(ctx.stream_prefix, ctx.consumer_group)
         started = time.perf_counter()
         try:

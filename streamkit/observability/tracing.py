@@ -29,14 +29,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
-from streamkit.middleware import (
-    BatchContext,
-    BatchNext,
-    ConsumeContext,
-    ConsumeNext,
-    ConsumeResult,
-    Middleware,
-)
+from streamkit.middleware import BatchContext, BatchNext, ConsumeContext, ConsumeNext, Middleware
+from streamkit.results import ConsumeResult
 
 __all__ = ["TracingMiddleware", "parent_context"]
 
