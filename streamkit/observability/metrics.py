@@ -34,7 +34,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 from streamkit.consumer.lifecycle import monotonic_ms
-from streamkit.consumer.member import MemberState
+from streamkit.consumer.member import MemberPhase
 from streamkit.consumer.stats import ReadTimer
 from streamkit.middleware import (
     BatchContext,
@@ -350,7 +350,7 @@ class AppCollector(Collector):
             f.owned.add_metric(values, len(machine.readable(now)))
             f.joined.add_metric(values, 1.0 if machine.joined else 0.0)
             current = machine.state
-            for state in MemberState:
+            for state in MemberPhase:
                 f.state.add_metric([*values, state.value], 1.0 if state is current else 0.0)
             f.lease.add_metric(values, machine.lease_remaining_ms(now) / 1000)
             beats = member.heartbeats
