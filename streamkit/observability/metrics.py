@@ -102,7 +102,7 @@ class _Group:
     """The numbers of one (stream prefix, group): plain attributes, no locks.
 
     prometheus-client's metric objects take a lock and check their state on
-    every ``inc``/``observe`` (about 1 us each, five of them per entry); the
+    every ``inc``/``observe`` (five of them per entry: see docs/performance.md); the
     middleware runs on the event loop only, so plain additions do, and
     ``collect`` turns them into metric families at scrape time.  In flight is
     what was received (read, for a per-entry handler) and has not ended.

@@ -147,7 +147,7 @@ class TracingMiddleware(Middleware):
 
         Without an SDK a no-op span would still cost a context switch per
         entry.  ``get_tracer_provider()`` reads the environment while none is
-        installed (about 1 us), so the answer is kept for a second: a provider
+        installed (a system call per check), so the answer is kept for a second: a provider
         installed later is used from the next check on.
         """
         if self._explicit:

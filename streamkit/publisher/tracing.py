@@ -72,9 +72,9 @@ class ProducerTracing:
         self.enabled = True
 
     def recheck(self) -> None:
-        """Notice a tracer provider installed since (not on the hot path: about
-        a microsecond, it reads the environment; the publisher calls it from its
-        slow path, at least once per routing refresh interval)."""
+        """Notice a tracer provider installed since (not on the hot path: it
+        reads the environment; the publisher calls it from its slow path, at
+        least once per routing refresh interval)."""
         if self._tracer is _TRACER:
             self.enabled = global_tracing()
 
