@@ -6,16 +6,7 @@ entries in order.  What the reader may ask of its member is the narrow
 :class:`ReaderHost` (the in-flight budget, the lease, the dispatcher, where to
 report), and Redis is behind its :class:`~streamkit.consumer.shard_io.ShardIO`.
 
-How it reads, acks and gives up is described in docs/architecture.md
-("Client: the poller"); the rules in short:
-
-* before every read it asks the member's state machine (``may_read``), and
-  no Redis command outlives the assignment lease;
-* a read without ``BLOCK`` while the shard has a backlog; once a read comes
-  back short, a blocking one asking for a small share of the budget;
-* a new assignment first claims what the group still has pending;
-* acks ride along with the next read, or go out on their own before any wait,
-  and always before the shard is reported revoked or drained.
+How it reads, claims, acks and gives up: docs/architecture.md ("The poller").
 """
 
 from __future__ import annotations

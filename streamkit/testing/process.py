@@ -39,6 +39,7 @@ from typing import Self
 __all__ = [
     "CLUSTER_BUS_PORT_OFFSET",
     "HOST",
+    "Launched",
     "ManagedProcess",
     "PortTakenError",
     "die_with_parent_hook",
@@ -140,7 +141,34 @@ def _stop_leftovers() -> None:
             process.stop_leftover()
 
 
-class ManagedProcess:
+class Launched:
+    """What a launcher is used as: ``with launcher:`` starts it unless it runs
+    already, and closes it (stops it, removes what it left) on the way out."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def is_running(self) -> bool:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        if not self.is_running():
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class ManagedProcess(Launched):
     """One child process at a time, its stdout and stderr in the file ``output``.
 
     Subclasses say what to start and when it is ready, and how to stop what is
@@ -172,29 +200,9 @@ class ManagedProcess:
             return ""
         return tail(self._output, self._output_offset, lines)
 
-    def start(self) -> Self:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Stop the process and remove what it left behind (its directory)."""
-        raise NotImplementedError
-
     def stop_leftover(self) -> None:
         """Called at interpreter exit for a process still registered (default: SIGKILL)."""
         self._terminate(signal.SIGKILL, 10.0)
-
-    def __enter__(self) -> Self:
-        if not self.is_running():
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "running" if self.is_running() else "stopped"

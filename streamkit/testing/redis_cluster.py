@@ -11,10 +11,9 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Self
 
-from streamkit.testing.process import HOST
+from streamkit.testing.process import HOST, Launched
 from streamkit.testing.redis_server import RedisServer, RedisServerError, which
 
 __all__ = ["CLUSTER_SLOTS", "RedisCluster"]
@@ -35,7 +34,7 @@ def _info_dict(raw: object) -> dict[str, str]:
     return out
 
 
-class RedisCluster:
+class RedisCluster(Launched):
     """A Redis Cluster of ``primaries`` primaries and no replicas on loopback.
 
     Construction does not start anything; call :meth:`start` or use it as a
@@ -163,17 +162,7 @@ class RedisCluster:
     def is_running(self) -> bool:
         return all(node.is_running() for node in self.nodes)
 
-    def __enter__(self) -> Self:
-        if not self.is_running():
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def close(self) -> None:
         self.stop()
 
     def __repr__(self) -> str:
