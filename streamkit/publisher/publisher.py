@@ -89,6 +89,8 @@ log = logging.getLogger("streamkit.producer")
 # Errors after which the command may or may not have been applied: retrying is
 # what makes delivery at-least-once instead of at-most-once.
 _RETRYABLE: Final = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# The pending entries of a single publish's send: its one entry.
+_FIRST: Final = (0,)
 
 
 class Publisher:
@@ -271,12 +273,14 @@ class Publisher:
         )
 
     async def _publish(self, partition_key: PartitionKey, fields: Fields) -> PublishResult:
-        send = SendContext([(partition_key, field_args(fields))], [0], [None], {}, single=True)
-        if self._tracing.enabled:
-            await self._tracing.send(send, self._send)
+        entries = [(partition_key, field_args(fields))]
+        results: list[PublishResult | None] = [None]
+        if not self._tracing.enabled:
+            await self._send(entries, _FIRST, results, {}, True)
         else:
-            await self._send(send)
-        result = send.results[0]
+            send = functools.partial(self._send, entries, _FIRST, results, {}, True)
+            await self._tracing.send(SendContext(entries, _FIRST, results, single=True), send)
+        result = results[0]
         assert result is not None  # _send raises a single publish's error
         return result
 
@@ -310,13 +314,13 @@ class Publisher:
         results: list[PublishResult | None] = [None] * len(entries)
         errors: dict[int, BaseException] = {}
         for lo in range(0, len(entries), self.max_batch):
-            hi = min(lo + self.max_batch, len(entries))
-            send = SendContext(entries, list(range(lo, hi)), results, errors, single=False)
+            pending = range(lo, min(lo + self.max_batch, len(entries)))
+            send = functools.partial(self._send, entries, pending, results, errors, False)
             try:
-                if self._tracing.enabled:
-                    await self._tracing.send(send, self._send)
+                if not self._tracing.enabled:
+                    await send()
                 else:
-                    await self._send(send)
+                    await self._tracing.send(SendContext(entries, pending, results), send)
             except Exception as exc:  # stop at the first batch that cannot be sent
                 for i in range(lo, len(entries)):
                     if results[i] is None:
@@ -350,33 +354,52 @@ class Publisher:
 
     # -- the send loop ---------------------------------------------------------------
 
-    async def _send(self, send: SendContext) -> None:
-        """Send the pending entries of ``send``, retrying until each has a result
-        or an error (the one loop of ``publish`` and ``publish_many``).
+    async def _send(
+        self,
+        entries: list[tuple[PartitionKey, list[Any]]],
+        pending: Sequence[int],
+        results: list[PublishResult | None],
+        errors: dict[int, BaseException],
+        single: bool,
+    ) -> int:
+        """Send the entries at ``pending``, retrying until each has a result
+        or an error (the one loop of ``publish`` and ``publish_many``); returns
+        the routing version last used.
 
         Connection errors and timeouts are retried (after a backoff) up to
         ``max_attempts`` sends; so are stale routes, re-routed with fresh
-        routing. A single publish raises its error; a batch records it per entry.
+        routing. A ``single`` publish (coalesced with concurrent ones) raises
+        its error; a batch records errors per entry.
         """
         router = self._router
-        entries, results, errors = send.entries, send.results, send.errors
-        pending = send.pending
+        version = -1
         attempt = 1
         while pending:
             if self._clock() < router.fast_until:
                 snap = router.snap
             else:
                 snap = await self._route_slow(entries[pending[0]][0])
-            send.version = snap.version
+            version = snap.version
             seq = router.refresher.started
             count, heads = snap.count, snap.heads
-            shards = [shard_for_key(entries[i][0], count) for i in pending]
-            commands = [(*heads[s], *entries[i][1]) for i, s in zip(pending, shards, strict=True)]
             try:
-                if send.single:  # coalesced with concurrent publishes; errors raise
-                    replies = [await self._send_one(*commands[0])]
+                if single:  # coalesced with concurrent publishes; errors raise
+                    key, args = entries[0]
+                    index = shard_for_key(key, count)
+                    reply = await self._send_one(*heads[index], *args)
+                    if reply is not None:  # appended: the common case, kept short
+                        results[0] = PublishResult(
+                            snap.keys[index], index, text(reply), snap.version
+                        )
+                        self.published += 1
+                        return version
+                    shards, replies = [index], [reply]
                 else:
-                    replies = await send_commands(self._redis, commands)
+                    shards = [shard_for_key(entries[i][0], count) for i in pending]
+                    replies = await send_commands(
+                        self._redis,
+                        [(*heads[s], *entries[i][1]) for i, s in zip(pending, shards, strict=True)],
+                    )
             except _RETRYABLE as exc:
                 if attempt >= self.max_attempts or _fatal(exc):
                     raise
@@ -409,8 +432,9 @@ class Publisher:
                 self.retries += len(retry)
             pending = sorted(retry)  # keep input order among the retried
             attempt += 1
-        if send.single and errors:
-            raise errors[send.pending[0]]
+        if single and errors:
+            raise errors[0]
+        return version
 
     async def _route_slow(self, partition_key: PartitionKey) -> RoutingSnapshot:
         """Everything the hot path skips: start, refresh, lease and shard checks."""

@@ -15,7 +15,7 @@ traced at all (``enabled`` is False and the publisher calls straight through).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -33,21 +33,19 @@ _TRACER: Final = trace.get_tracer("streamkit")
 class SendContext:
     """One send: the entries at ``pending`` of ``entries`` are sent together.
 
-    ``entries`` are ``(partition_key, XADD field arguments)``; ``results``
-    and ``errors`` are filled in by the send loop, per input index.
+    ``entries`` are ``(partition_key, XADD field arguments)``; a middleware
+    may add fields to them; ``results`` is filled in by the send, per index.
     """
 
     entries: list[tuple[Any, list[Any]]]
-    pending: list[int]
+    pending: Sequence[int]
     results: list[PublishResult | None]
-    errors: dict[int, BaseException]
     #: One ``publish`` (its errors raise) rather than a pipeline of ``publish_many``.
-    single: bool
-    #: The routing version the send last used (-1: not routed yet).
-    version: int = -1
+    single: bool = False
 
 
-SendNext = Callable[[SendContext], Awaitable[None]]
+#: Runs the send; returns the routing version it used (-1: none).
+SendNext = Callable[[], Awaitable[int]]
 
 
 class ProducerTracing:
@@ -79,7 +77,7 @@ class ProducerTracing:
             self.enabled = global_tracing()
 
     async def send(self, ctx: SendContext, call_next: SendNext) -> None:
-        """Run ``call_next(ctx)`` inside this send's span."""
+        """Run ``call_next()`` inside this send's span."""
         span = self._tracer.start_span(self.span_name, kind=SpanKind.PRODUCER)
         if self.trace_context_field and span.get_span_context().is_valid:
             # Also when sampled out: the entries carry the decision (flags 00),
@@ -90,7 +88,7 @@ class ProducerTracing:
                 key, args = entries[i]
                 entries[i] = (key, [*args, *extra])
         if not span.is_recording():
-            await call_next(ctx)
+            await call_next()
             return
         with trace.use_span(span, end_on_exit=True):
             span.set_attribute("messaging.system", "redis")
@@ -98,14 +96,14 @@ class ProducerTracing:
             if not ctx.single:
                 span.set_attribute("messaging.destination.name", self.stream_prefix)
                 span.set_attribute("messaging.batch.message_count", len(ctx.pending))
-            await call_next(ctx)
+            version = await call_next()
             result = ctx.results[ctx.pending[0]] if ctx.single else None
             if result is not None:
                 span.set_attribute("messaging.destination.name", result.stream_key)
                 span.set_attribute("streamkit.shard_index", result.shard_index)
                 span.set_attribute("streamkit.metadata_version", result.metadata_version)
-            elif not ctx.single and ctx.version >= 0:
-                span.set_attribute("streamkit.metadata_version", ctx.version)
+            elif not ctx.single and version >= 0:
+                span.set_attribute("streamkit.metadata_version", version)
 
 
 def traceparent(span: trace.Span) -> str:
