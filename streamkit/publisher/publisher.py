@@ -1,20 +1,11 @@
-"""Publishing to the shard streams of one logical stream.
+"""Publishing to the shard streams of one logical stream: :class:`Publisher`.
 
-A :class:`Publisher` routes each message by its partition key to a shard
-stream with the coordinator's producer routing, and appends it with
-``XADD key NOMKSTREAM [MAXLEN ~ n] * field value ...``: a retired or unknown
-shard key makes the command fail instead of silently recreating the stream.
-
-Delivery is **at-least-once**. A command that fails with a connection error or
-a timeout may still have been applied by Redis before the connection broke,
-and a retry then appends a second copy (with a different record id). Stale
-routes are retried too, re-routed with fresh metadata; a key whose shard count
-changed in between may land in another shard than its first copy. Consumers
-must be idempotent, which they have to be anyway (a consumer that crashes
-before its ack gets the entry again too).
-
-When routing is fetched and refreshed: ``streamkit.publisher.router`` (and
-docs/architecture.md, "Client").
+Each message is routed by its partition key (``streamkit.publisher.router``)
+and appended with ``XADD key NOMKSTREAM [MAXLEN ~ n] * ...``, so a retired
+shard key fails instead of being recreated; ``publish`` and ``publish_many``
+share one send loop.  Delivery is at-least-once: a retry after a connection
+error may append a second copy (docs/producer.md).  How the parts fit:
+docs/architecture.md ("The publisher").
 """
 
 from __future__ import annotations
@@ -180,11 +171,7 @@ class Publisher:
             if self._coalescer is not None
             else functools.partial(send_command, self._redis)
         )
-        self._started = False
         self._closed = False
-        self._start_lock = anyio.Lock()
-        self._start_attempts = 0
-        self._start_error: BaseException | None = None
         self._tracing = ProducerTracing(stream_prefix, trace_context_field)
         #: Wrap every publish / publish_many (``streamkit.middleware``).  Kept
         #: as given: an app's publishers share (and see later additions to) its list.
@@ -205,24 +192,7 @@ class Publisher:
         """
         if self._closed:
             raise PublisherClosedError(f"publisher for {self._router.cache.name} is closed")
-        if self._started:
-            return
-        attempts = self._start_attempts
-        async with self._start_lock:
-            if self._started:
-                return
-            if self._start_attempts != attempts and self._start_error is not None:
-                # The attempt we queued behind just failed: share its outcome
-                # rather than hitting a coordinator that is down once per caller.
-                raise self._start_error
-            self._start_attempts += 1
-            try:
-                await self._router.first_routing(self._redis)
-            except Exception as exc:
-                self._start_error = exc
-                raise
-            self._start_error = None
-            self._started = True
+        await self._router.start(self._redis)
 
     async def aclose(self) -> None:
         """Stop the refresh in the air and close the clients created here."""
@@ -362,15 +332,12 @@ class Publisher:
         errors: dict[int, BaseException],
         single: bool,
     ) -> int:
-        """Send the entries at ``pending``, retrying until each has a result
-        or an error (the one loop of ``publish`` and ``publish_many``); returns
-        the routing version last used.
+        """Send the entries at ``pending`` until each has a result or an error
+        (the one loop of ``publish`` and ``publish_many``); the routing version used.
 
-        Connection errors and timeouts are retried (after a backoff) up to
-        ``max_attempts`` sends; so are stale routes, re-routed with fresh
-        routing. A ``single`` publish (coalesced with concurrent ones) raises
-        its error; a batch records errors per entry.
-        """
+        Connection errors, timeouts and stale routes are retried, up to
+        ``max_attempts`` sends. A ``single`` publish raises its error; a batch
+        records errors per entry."""
         router = self._router
         version = -1
         attempt = 1
@@ -422,7 +389,10 @@ class Publisher:
                     self.published += 1
             for index, indexes in stale.items():
                 try:
-                    await self._stale(snap, index, seq, attempt)
+                    # XADD NOMKSTREAM found no stream: returns once routing moved on.
+                    await router.stale(snap, index, seq, cooldown=self.stale_route_cooldown)
+                    if attempt >= self.max_attempts:
+                        raise router.stale_error(snap, index, "routing kept changing")
                 except StaleRouteError as exc:
                     for i in indexes:
                         errors[i] = exc
@@ -440,17 +410,10 @@ class Publisher:
         """Everything the hot path skips: start, refresh, lease and shard checks."""
         if self._closed:
             raise PublisherClosedError(f"publisher for {self._router.cache.name} is closed")
-        if not self._started:
+        if not self._router.started:
             await self.start()
         self._tracing.recheck()
         return await self._router.route(partition_key)
-
-    async def _stale(self, snap: RoutingSnapshot, index: int, seq: int, attempt: int) -> None:
-        """XADD NOMKSTREAM found no stream: return if a retry is worth it, else raise."""
-        router = self._router
-        await router.stale(snap, index, seq, cooldown=self.stale_route_cooldown)
-        if attempt >= self.max_attempts:
-            raise router.stale_error(snap, index, "routing kept changing")
 
     # -- observability ---------------------------------------------------------------
 

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+import anyio
+
 from streamkit.connections import AsyncRedis
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
 from streamkit.group_hints import existing_groups_hint
@@ -99,6 +101,11 @@ class Router:
         self.stale_refreshes = 0
         #: Publishes refused for lack of a usable route (metrics).
         self.routing_failures = 0
+        #: The first routing was fetched and checked (``start``).
+        self.started = False
+        self._start_lock = anyio.Lock()
+        self._start_attempts = 0
+        self._start_error: BaseException | None = None
 
     def invalidate(self) -> None:
         """Consult the cache on the next publish."""
@@ -220,6 +227,27 @@ class Router:
         )
 
     # -- the first routing -------------------------------------------------------------
+
+    async def start(self, redis: AsyncRedis) -> None:
+        """``first_routing`` once; concurrent callers share one attempt."""
+        if self.started:
+            return
+        attempts = self._start_attempts
+        async with self._start_lock:
+            if self.started:
+                return
+            if self._start_attempts != attempts and self._start_error is not None:
+                # The attempt we queued behind just failed: share its outcome
+                # rather than hitting a coordinator that is down once per caller.
+                raise self._start_error
+            self._start_attempts += 1
+            try:
+                await self.first_routing(redis)
+            except Exception as exc:
+                self._start_error = exc
+                raise
+            self._start_error = None
+            self.started = True
 
     async def first_routing(self, redis: AsyncRedis) -> None:
         """Fetch routing and check that every routed shard key is a stream."""
