@@ -72,7 +72,7 @@ def entries(n: int) -> list[Message]:
 
 
 async def run(stack: list[Middleware], messages: list[Message], batch: int) -> float:
-    """``ShardPoller``'s use of the chains (begin_read, _handle_read, invoke)."""
+    """The poller's use of the chains (``Invoker.begin_read``, the dispatcher, ``invoke``)."""
     consume: Chain[ConsumeContext, ConsumeResult] = Chain(stack, "consume")
     read: Chain[ReadContext, list[ConsumeResult]] = Chain(stack, "consume_read")
 

@@ -31,9 +31,11 @@ if TYPE_CHECKING:
     from streamkit.consumer.runtime import GroupNotFoundError, MemberRejectedError
     from streamkit.coordinator_client import CoordinatorError, CoordinatorUnavailable
     from streamkit.errors import StreamkitError
-    from streamkit.middleware import ConsumeResult, Middleware, Outcome
-    from streamkit.publisher.publisher import Publisher, PublishError, PublishResult
+    from streamkit.middleware import Middleware
+    from streamkit.publisher.errors import PublishError
+    from streamkit.publisher.publisher import Publisher
     from streamkit.publisher.routing_cache import RoutingUnavailable
+    from streamkit.results import ConsumeResult, Outcome, PublishResult
     from streamkit.settings import StreamKitSettings
 
 __all__ = [
@@ -72,11 +74,11 @@ _EXPORTS: dict[str, str] = {
     "ShardLifecycle": "streamkit.consumer.lifecycle",
     "ListenerConfigError": "streamkit.consumer.listener",
     "Message": "streamkit.consumer.message",
-    "ConsumeResult": "streamkit.middleware",
+    "ConsumeResult": "streamkit.results",
     "Middleware": "streamkit.middleware",
-    "Outcome": "streamkit.middleware",
-    "PublishError": "streamkit.publisher.publisher",
-    "PublishResult": "streamkit.publisher.publisher",
+    "Outcome": "streamkit.results",
+    "PublishError": "streamkit.publisher.errors",
+    "PublishResult": "streamkit.results",
     "Publisher": "streamkit.publisher.publisher",
     "RoutingUnavailable": "streamkit.publisher.routing_cache",
     "StreamKitSettings": "streamkit.settings",

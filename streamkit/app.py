@@ -416,30 +416,9 @@ class StreamKit:
 
     # -- internals ---------------------------------------------------------------------
 
-    def restart_member(self, member: MemberRuntime) -> MemberRuntime:
-        """Start a member in place of ``member`` (after ``member.crash()``), as a
-        restarted process would: a new incarnation, so a new member id unless
-        membership is static.  For tests (``StreamKitHarness.restart``)."""
-        if self._member_tg is None or member not in self._members:
-            raise RuntimeError(f"member {member.member_id} is not one of this app's members")
-        if not member.crashed:
-            raise RuntimeError(f"member {member.member_id} is still running: crash() it first")
-        index = self._members.index(member)
-        listener = next(
-            x for x in self._listeners if x.key == (member.stream_prefix, member.consumer_group)
-        )
-        slot = member.member_id.rsplit("-m", 1)[1]
-        incarnation = new_incarnation()
-        base = self.settings.member_id_prefix(incarnation)
-        fresh = self._member(listener, f"{base}-m{slot}", incarnation, self._xackdel)
-        self._members[index] = fresh
-        self._finished[index] = done = anyio.Event()
-        self._member_tg.start_soon(_run_member, fresh, done, name=f"streamkit-member-{slot}")
-        return fresh
-
     async def _supervise(self, members: list[MemberRuntime], stop: anyio.Event) -> None:
         async with anyio.create_task_group() as tg:
-            # Lists the app keeps, so restart_member can replace an entry.
+            # Lists the app keeps, so streamkit.testing.members can replace an entry.
             finished = self._finished = [anyio.Event() for _ in members]
             self._member_tg = tg
             for member, done in zip(members, finished, strict=True):

@@ -65,8 +65,8 @@ def fast_packing(connection_class: type[AbstractConnection]) -> type[AbstractCon
 
     Every streamkit command (each ``XADD``, ``XREADGROUP``, ``XACK``) is packed
     by the connection; redis-py's packer re-joins its buffer once per argument
-    and encodes through a generic encoder, about three times the cost of
-    :func:`pack_command` for a typical ``XADD``. The class keeps whatever
+    and encodes through a generic encoder, several times the cost of
+    :func:`pack_command` for a typical ``XADD`` (docs/performance.md). The class keeps whatever
     transport ``from_url`` chose (TCP, TLS, Unix socket).
     """
     if connection_class in _FAST.values():
@@ -96,7 +96,7 @@ def pack_command(encoder: Any, args: tuple[Any, ...]) -> list[bytes]:
 
     With hiredis installed (and the client's encoding UTF-8, strict), its C
     packer does it: an ``XACK`` of a read's hundred ids packed in Python was
-    about a tenth of a handled entry's cost.  Without it, exact
+    a noticeable share of a handled entry's cost.  Without it, exact
     ``str``/``bytes``/``int`` arguments take a fast path; anything else
     (floats, memoryviews, and the types redis-py refuses, such as ``bool`` or
     ``None``) goes through redis-py's encoder, so errors stay redis-py's.
@@ -162,7 +162,7 @@ async def send_commands(client: AsyncRedis, commands: Sequence[tuple[Any, ...]])
 
     On a standalone Redis this is a lean pipeline: one packed write, then the
     replies read under **one** deadline (the client's socket timeout) instead
-    of redis-py's timer per reply, which cost about a sixth of a pipelined
+    of redis-py's timer per reply, a noticeable share of a pipelined
     publish, and without redis-py's per-command bookkeeping. No retry here:
     whether a command of a failed round trip was applied is unknown, so the
     caller decides (redis-py's own retry would resend an ``XADD`` that may

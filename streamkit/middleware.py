@@ -25,15 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from streamkit.consumer.failure import Action, Decision
+from streamkit.results import ConsumeResult, Outcome, PublishResult
 
 if TYPE_CHECKING:
     from streamkit.consumer.message import Message
-    from streamkit.publisher.publisher import PublishResult
 
 __all__ = [
     "BatchContext",
@@ -47,51 +45,6 @@ __all__ = [
     "ReadContext",
     "chain",
 ]
-
-
-class Outcome(Enum):
-    """What became of a handled entry (the failure policy's decision)."""
-
-    ACKED = "acked"  # the handler finished (acked, or settled by itself)
-    RETRIED = "retried"
-    DEAD_LETTERED = "dead_lettered"
-    HALTED = "halted"
-
-
-_OUTCOMES = {
-    Action.RETRY: Outcome.RETRIED,
-    Action.DEAD_LETTER: Outcome.DEAD_LETTERED,
-    Action.HALT: Outcome.HALTED,
-}
-
-
-# Not frozen: the poller makes one per handled entry, and a frozen
-# dataclass' __init__ (object.__setattr__ per field) costs 3.5 times as much.
-@dataclass(slots=True)
-class ConsumeResult:
-    """The outcome of one entry (read-only by convention).
-
-    ``decision`` is None when the entry is done; else the failure policy's
-    decision, which the poller carries out after the chain returned (a
-    dead-letter write that fails leaves the entry pending and it comes back).
-    ``error`` is the handler's exception (None for success or a ``nack``).
-    ``message`` is the entry (set by the poller; None in a result a
-    middleware makes up).
-    """
-
-    decision: Decision | None = None
-    error: BaseException | None = None
-    duration_s: float = 0.0
-    message: Message | None = None
-
-    @property
-    def outcome(self) -> Outcome:
-        return Outcome.ACKED if self.decision is None else _OUTCOMES[self.decision.action]
-
-    @property
-    def failed(self) -> bool:
-        """The handler raised or nacked."""
-        return self.decision is not None
 
 
 @dataclass(slots=True)
@@ -163,8 +116,8 @@ class PublishManyContext:
 ConsumeNext = Callable[[], Awaitable[ConsumeResult]]
 ReadNext = Callable[[], Awaitable[list[ConsumeResult]]]
 BatchNext = Callable[[], Awaitable[list[ConsumeResult]]]
-PublishNext = Callable[[], Awaitable["PublishResult"]]
-PublishManyNext = Callable[[], Awaitable[list["PublishResult"]]]
+PublishNext = Callable[[], Awaitable[PublishResult]]
+PublishManyNext = Callable[[], Awaitable[list[PublishResult]]]
 
 
 class Middleware:

@@ -1,4 +1,4 @@
-"""Partition-key routing and Redis Cluster key slots (SPEC §4), sans-IO.
+"""Partition-key routing and Redis Cluster key slots, sans-IO.
 
 `shard_for_key` must give the same answer as the JVM and Python clients of the
 reference coordinator, so mixed fleets route a key to the same shard stream.
@@ -43,8 +43,9 @@ _RESEEDS: Final[tuple[int, ...]] = tuple(
 REDIS_CLUSTER_SLOTS: Final = 16384
 
 
-# shard_count -> rejection limit. A plain dict, not functools.lru_cache: a
-# dict hit costs ~20 ns against ~45 ns for an lru_cache call, on a ~150 ns path.
+# shard_count -> rejection limit. A plain dict, not functools.lru_cache: a dict
+# hit costs less than half an lru_cache call, on a path of a few of either
+# (figures: docs/performance.md, "Routing hash").
 # A deployment sees a handful of counts; the size cap only guards misuse.
 _LIMITS: dict[int, int] = {}
 _LIMITS_MAX: Final = 64
@@ -107,7 +108,8 @@ def stream_key(stream_prefix: str, shard_index: int) -> str:
     """Return the physical stream key ``{prefix}:{index}``.
 
     No hash-tag braces on purpose: the shards of one logical stream must spread
-    over the cluster instead of sharing a slot (SPEC §1).
+    over the cluster's primaries instead of sharing a slot, which is what lets
+    a stream outgrow one Redis key (and one node).
     """
     if shard_index < 0:
         raise ValueError(f"shard_index must be >= 0, got {shard_index}")

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from streamkit.protocol import (
     shard_indexes,
 )
 from streamkit.testing.coordinator import CoordinatorProcess
-from streamkit.testing.redis_server import _die_with_parent_hook
+from streamkit.testing.process import ManagedProcess
 
 REPO = Path(__file__).resolve().parents[1]
 API = "/coord/v1"
@@ -174,87 +174,86 @@ class Admin:
         )
 
 
-class AppProcess:
-    """``python -m streamkit run <target>`` as a real process, output in a file."""
+class AppProcess(ManagedProcess):
+    """``python -m streamkit run <target>`` as a real process, output in a file.
+
+    ``runner`` names another command that takes the target (``("uvicorn",)``).
+    """
 
     def __init__(
-        self, target: str, env: Mapping[str, str], log_path: Path, args: Iterable[str] = ()
+        self,
+        target: str,
+        env: Mapping[str, str],
+        log_path: Path,
+        args: Iterable[str] = (),
+        *,
+        runner: Sequence[str] = ("streamkit", "run"),
     ) -> None:
+        super().__init__(log_path)
+        self.runner = tuple(runner)
         self.target = target
         self.args = list(args)
         self.env = dict(env)
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
         #: monotonic ns at which the process was known dead (after kill/exit).
         self.died_ns: int | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self._proc
 
     def start(self) -> AppProcess:
         env = dict(os.environ)
         env.update(self.env)
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-        log = open(self.log_path, "ab")
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "streamkit", "run", self.target, *self.args],
-                env=env,
-                cwd=REPO,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent_hook(),
-            )
-        finally:
-            log.close()
+        self._spawn(
+            [sys.executable, "-m", *self.runner, self.target, *self.args], env=env, cwd=REPO
+        )
         self.died_ns = None
         return self
 
     @property
     def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+        assert self._proc is not None
+        return self._proc.pid
 
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.is_running()
 
     def assert_running(self) -> None:
         assert self.running(), f"{self.target} exited early:\n{self.logs(None)}"
 
     def kill(self) -> None:
         """SIGKILL: a crash, nothing runs on the way out."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGKILL)
+        self._proc.wait(10)
         self.died_ns = time.monotonic_ns()
 
     async def terminate(self, within: float = 20.0) -> int:
         """SIGTERM and wait for the exit status without blocking the loop."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGTERM)
         return await self.wait(within)
 
     async def wait(self, within: float) -> int:
-        assert self.proc is not None
+        assert self._proc is not None
         deadline = time.monotonic() + within
-        while self.proc.poll() is None:
+        while self._proc.poll() is None:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{self.target} did not exit in {within}s:\n{self.logs()}")
             await anyio.sleep(0.02)
         self.died_ns = time.monotonic_ns()
-        return self.proc.returncode
+        return self._proc.returncode
 
     def cleanup(self) -> None:
         """Kill the process (by its pid) if a failed assertion left it running."""
         if self.running():
-            assert self.proc is not None
-            self.proc.kill()
-            self.proc.wait(10)
+            assert self._proc is not None
+            self._proc.kill()
+            self._proc.wait(10)
+        self._unregister()
 
     def logs(self, lines: int | None = 80) -> str:
         """The last ``lines`` lines of its output (all of it with ``None``)."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return text if lines is None else "\n".join(text.splitlines()[-lines:])
+        return super().logs(lines)

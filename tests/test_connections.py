@@ -25,7 +25,6 @@ from streamkit.connections import (
     send_command,
     send_commands,
 )
-from streamkit.consumer.poller import _parsed_read
 from streamkit.testing import RedisServer
 
 arguments = st.one_of(
@@ -139,39 +138,5 @@ async def test_a_client_made_elsewhere_works_too(redis_server: RedisServer) -> N
     try:
         replies = await send_commands(client, [("SET", "lean:d", "v"), ("GET", "lean:d")])
         assert replies[1] == "v"
-    finally:
-        await client.aclose()
-
-
-# -- the consumer's lean read: the raw XREADGROUP reply in redis-py's parsed shape --
-
-
-@pytest.mark.redis
-@pytest.mark.parametrize("protocol", [2, 3])
-async def test_a_lean_read_parses_like_redis_py(redis_server: RedisServer, protocol: int) -> None:
-    client = connect_redis(redis_server.url, protocol=protocol)
-    try:
-        key = f"lean:read:{protocol}"
-        await client.delete(key)
-        await client.xgroup_create(key, "g", "0", mkstream=True)
-        await client.xadd(key, {"a": "1", "b": "2"})
-        await client.xadd(key, {"c": "é"})
-        raw = await send_command(
-            client, "XREADGROUP", "GROUP", "g", "m", "COUNT", 10, "STREAMS", key, ">"
-        )
-        parsed = _parsed_read(raw)
-        # What redis-py's own XREADGROUP hands back for the same entries (read
-        # again from the pending list, id 0).
-        again = await client.xreadgroup("g", "m", {key: "0"}, count=10)
-        expected = next(iter(again.values()))[0] if isinstance(again, dict) else again[0][1]
-        assert parsed[0][1] == [(entry_id, fields) for entry_id, fields in expected]
-        assert parsed[0][1][1][1] == {b"c": "é".encode()}
-        assert _parsed_read(None) is None and _parsed_read({}) is None
-        # A pending entry trimmed away has no fields.
-        await client.xtrim(key, maxlen=0)
-        raw = await send_command(
-            client, "XREADGROUP", "GROUP", "g", "m", "COUNT", 10, "STREAMS", key, "0"
-        )
-        assert [fields for _, fields in _parsed_read(raw)[0][1]] == [None, None]
     finally:
         await client.aclose()

@@ -6,19 +6,15 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
+from helpers import REPO, AppProcess
 
 from streamkit.testing import free_port
 from streamkit.testing.harness import StreamKitHarness
-from streamkit.testing.redis_server import _die_with_parent_hook
-
-REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +37,13 @@ async def test_post_publishes_and_the_listener_handles(
         "WEB_ORDERS_GROUP": harness.group,
     }
     log_path = tmp_path / "uvicorn.log"
-    proc = _start_uvicorn(port, env, log_path)
+    proc = AppProcess(
+        "samples.web_orders.app:web",
+        env,
+        log_path,
+        ("--host", "127.0.0.1", "--port", str(port), "--lifespan", "on"),
+        runner=("uvicorn",),
+    ).start()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
             with anyio.fail_after(30):
@@ -52,7 +54,7 @@ async def test_post_publishes_and_the_listener_handles(
                         )
                         break
                     except httpx.TransportError:
-                        assert proc.poll() is None, log_path.read_text()
+                        proc.assert_running()
                         await anyio.sleep(0.05)
                 assert response.status_code == 202, response.text
                 assert response.json()["entry"].startswith(f"{harness.stream_prefix}:")
@@ -63,24 +65,9 @@ async def test_post_publishes_and_the_listener_handles(
                 assert status.status_code == 200, status.text
                 assert status.json() == {"order_id": "o-1", "handled": "2x tea"}
                 assert (await http.get("/orders/o-2")).status_code == 404
-        proc.send_signal(signal.SIGTERM)
-        with anyio.fail_after(20):
-            while proc.poll() is None:  # noqa: ASYNC110 (a child process has no event)
-                await anyio.sleep(0.05)
+        code = await proc.terminate(within=20)
         # uvicorn re-raises the SIGTERM after a clean shutdown.
-        assert proc.returncode in (0, -signal.SIGTERM), log_path.read_text()
-        assert "Application shutdown complete" in log_path.read_text()
+        assert code in (0, -signal.SIGTERM), proc.logs(None)
+        assert "Application shutdown complete" in proc.logs(None)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-
-
-def _start_uvicorn(port: int, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    with open(log_path, "wb") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "samples.web_orders.app:web",
-             "--host", "127.0.0.1", "--port", str(port), "--lifespan", "on"],
-            env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent_hook(),
-        )  # fmt: skip
+        proc.cleanup()

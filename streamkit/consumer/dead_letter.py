@@ -33,7 +33,8 @@ from streamkit.consumer.failure import (
     X_ORIGINAL_STREAM,
 )
 from streamkit.numerals import ascii_uint
-from streamkit.publisher.publisher import PAYLOAD_FIELD, PublishResult
+from streamkit.publisher.encoding import PAYLOAD_FIELD
+from streamkit.results import PublishResult
 
 __all__ = ["DeadLetter", "ReplayOutcome", "read_dead_letters", "replay"]
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from streamkit.backoff import jittered_backoff
 from streamkit.errors import StreamkitError
+from streamkit.results import Action, Decision
 
 if TYPE_CHECKING:
     from streamkit.settings import StreamKitSettings
@@ -55,21 +55,6 @@ class PayloadError(StreamkitError, ValueError):
 
     Retrying cannot fix it, so the default policy dead-letters it at once.
     """
-
-
-class Action(Enum):
-    RETRY = "retry"
-    DEAD_LETTER = "dead_letter"
-    HALT = "halt"
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    action: Action
-    #: RETRY: how long to wait before the next delivery.
-    delay_ms: int = 0
-    #: What went wrong, bounded (``x-error`` of a dead letter, log lines).
-    error: str = ""
 
 
 OnExhausted = Literal["dead_letter", "halt"]

@@ -22,7 +22,7 @@ from streamkit.consumer.handlers import (
     inspect_handler,
 )
 from streamkit.consumer.lifecycle import ShardLifecycle
-from streamkit.consumer.poller import PollerOptions
+from streamkit.consumer.options import PollerOptions
 from streamkit.errors import StreamkitError
 
 __all__ = ["Listener", "ListenerConfigError", "MessageHandler"]

@@ -61,7 +61,9 @@ class ReactionKind(StrEnum):
     REJECTED = "rejected"  # the coordinator refused the request (bad protocol or body)
 
 
-class MemberState(StrEnum):
+class MemberPhase(StrEnum):
+    """The member's local phase (metrics, status); not the coordinator's member state."""
+
     JOINING = "joining"  # no epoch yet (first join, or rejoining after a fence)
     STABLE = "stable"  # joined, nothing being given back
     RECONCILING = "reconciling"  # joined, draining or reporting revoked shards
@@ -140,17 +142,17 @@ class MemberStateMachine:
         return self.epoch > 0
 
     @property
-    def state(self) -> MemberState:
-        """Where the member stands, for metrics and status (one of ``MemberState``)."""
+    def state(self) -> MemberPhase:
+        """Where the member stands, for metrics and status (one of ``MemberPhase``)."""
         if self.left:
-            return MemberState.LEFT
+            return MemberPhase.LEFT
         if self.stopping:
-            return MemberState.STOPPING
+            return MemberPhase.STOPPING
         if not self.joined:
-            return MemberState.JOINING
+            return MemberPhase.JOINING
         if self.draining or self.revoked:
-            return MemberState.RECONCILING
-        return MemberState.STABLE
+            return MemberPhase.RECONCILING
+        return MemberPhase.STABLE
 
     # -- requests ------------------------------------------------------------
 

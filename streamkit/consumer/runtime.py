@@ -7,11 +7,9 @@ this module only does the I/O around it:
   ``next_request`` right before sending so the lease is counted from the send;
 * turn the machine's reactions into calls on the reader (the built-in
   ``ShardPoller``) and the user's ``ShardLifecycle`` hooks, running them as
-  tasks so a slow hook never delays a heartbeat; operations on one shard run
-  strictly one after another (assign, then revoke, then assign again);
+  tasks, one after another per shard (``streamkit.consumer.shard_ops``);
 * report ``REVOKED`` promptly: a finished drain wakes the heartbeat loop;
-* retry with jittered exponential backoff while the coordinator is down, but
-  never less often than once per interval while the lease is still valid;
+* retry while the coordinator is down (``streamkit.consumer.heartbeat``);
 * on shutdown: stop reading, drain, then leave with epoch -1, so the
   coordinator can hand the shards over at once instead of waiting for a lease.
 """
@@ -19,30 +17,30 @@ this module only does the I/O around it:
 from __future__ import annotations
 
 import logging
-import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError
 
-from streamkit.backoff import jittered_backoff
 from streamkit.connections import AsyncRedis
+from streamkit.consumer.errors import (
+    MEMBER_ID_IN_USE,
+    AssignmentLeaseError,
+    GroupNotFoundError,
+    MemberRejectedError,
+    lease_error_message,
+    refused,
+)
+from streamkit.consumer.heartbeat import HeartbeatSender
 from streamkit.consumer.lifecycle import ShardContext, ShardLifecycle, monotonic_ms
 from streamkit.consumer.member import MemberStateMachine, Reaction, ReactionKind
 from streamkit.consumer.poller import ShardPoller
-from streamkit.consumer.stats import Timing, end_span
-from streamkit.coordinator_client import (
-    CoordinatorClient,
-    CoordinatorError,
-    CoordinatorUnavailable,
-)
-from streamkit.errors import StreamkitError
-from streamkit.protocol import HeartbeatAnswer, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus
+from streamkit.consumer.shard_ops import ShardOps
+from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
+from streamkit.protocol import HeartbeatAnswer, HeartbeatResponse
 from streamkit.redis_health import describe_error
 
 __all__ = [
@@ -55,43 +53,11 @@ __all__ = [
 
 log = logging.getLogger("streamkit.consumer")
 
-_RETRY_BASE_MS = 100
-_RETRY_CAP_MS = 5_000
-_LEAVE_ATTEMPTS = 3
-#: The coordinator's answer to a join for a member id another process holds.
-MEMBER_ID_IN_USE = "MEMBER_ID_IN_USE"
 #: How long a member whose Redis is unreachable waits for in-flight handlers
 #: before it leaves anyway (their acks could not be sent in any case).
 _RELEASE_DRAIN_S = 2.0
 
 PollerFactory = Callable[[MemberStateMachine], ShardPoller]
-
-
-class GroupNotFoundError(StreamkitError):
-    """The coordinator does not know the stream prefix / consumer group."""
-
-    def __init__(
-        self, stream_prefix: str, consumer_group: str, coordinator_url: str, hint: str = ""
-    ) -> None:
-        # The hint (the stream's existing groups) comes first: a typo is likelier
-        # than a group nobody created.
-        super().__init__(
-            f"the coordinator at {coordinator_url} has no consumer group {consumer_group!r} "
-            f"on stream {stream_prefix!r}; "
-            + (f"{hint} Otherwise create" if hint else "create")
-            + f" it first (POST /coord/v1/streams/{stream_prefix}/groups/{consumer_group})"
-            " - members never create groups"
-        )
-        self.stream_prefix = stream_prefix
-        self.consumer_group = consumer_group
-
-
-class MemberRejectedError(StreamkitError):
-    """The coordinator refused this member's heartbeats before it ever joined."""
-
-
-class AssignmentLeaseError(StreamkitError):
-    """The local assignment lease would outlive the coordinator's member lease."""
 
 
 class MemberRuntime:
@@ -135,9 +101,7 @@ class MemberRuntime:
         )
         self.poller = poller(self.machine) if poller is not None else None
         self._hooks = hooks
-        self._client = coordinator
         self._coordinator_url = coordinator_url
-        self._request_timeout_s = request_timeout_s
         self._redis = redis
         self._redis_release_after_ms = redis_release_after_ms
         self._redis_url = redis_url
@@ -149,16 +113,21 @@ class MemberRuntime:
         self._answered_once = False
         # Joins are being refused (MEMBER_ID_IN_USE): logged once, until a join works.
         self._id_in_use = False
-        # Per shard, the completion event of the last operation queued for it.
-        self._tails: dict[int, anyio.Event] = {}
-        self._ops: dict[anyio.CancelScope, frozenset[int]] = {}
+        self._ops = ShardOps()
         #: Set once the coordinator answered a join (tests, readiness probes).
         self.joined = anyio.Event()
+        self._heartbeat = HeartbeatSender(
+            self.machine,
+            coordinator,
+            stream_prefix=stream_prefix,
+            consumer_group=consumer_group,
+            request_timeout_s=request_timeout_s,
+            debug_tracer=debug_tracer,
+        )
         #: Answered heartbeats with their round-trip time, and failed ones (metrics).
-        self.heartbeats = Timing()
+        self.heartbeats = self._heartbeat.timing
         #: Set by ``crash()``.
         self.crashed = False
-        self._debug_tracer = debug_tracer
 
     @property
     def member_id(self) -> str:
@@ -178,8 +147,7 @@ class MemberRuntime:
         """
         self._stop_requested = True
         self._forced = True
-        for scope in list(self._ops):
-            scope.cancel()
+        self._ops.cancel_all()
         if self.poller is not None:
             self.poller.close()
         self._wake.set()
@@ -192,8 +160,7 @@ class MemberRuntime:
         their unacked entries are delivered again to the next owner.
         """
         self.crashed = True
-        for scope in list(self._ops):
-            scope.cancel()
+        self._ops.cancel_all()
         if self.poller is not None:
             self.poller.abort_all()
             self.poller.close()
@@ -236,7 +203,7 @@ class MemberRuntime:
                     if stopped:
                         self._begin_drain(stopped)
                 if self._forced or not (machine.reading or machine.draining):
-                    await self._leave()
+                    await self._leave(for_restart=True)
                     return
             elif self._redis_unreachable():
                 await self._release_until_redis_answers()
@@ -249,12 +216,12 @@ class MemberRuntime:
                 progress=self.poller.progress() if self.poller else None,
             )
             try:
-                response = await self._send(request, self._request_timeout_ms())
+                response = await self._heartbeat.send(request)
             except (CoordinatorUnavailable, TimeoutError) as exc:
                 machine.request_failed()
                 failures += 1
-                self._log_failure(exc, failures)
-                delay_ms = self._retry_delay_ms(failures)
+                self._heartbeat.log_failure(exc, failures)
+                delay_ms = self._heartbeat.retry_delay_ms(failures)
             except CoordinatorError as exc:
                 machine.request_failed()
                 if exc.error_code == MEMBER_ID_IN_USE:
@@ -265,10 +232,16 @@ class MemberRuntime:
                     await self._sleep(machine.heartbeat_interval_ms)
                     continue
                 if not self._answered_once and exc.status_code in (401, 403, 404):
-                    raise self._fatal(exc) from exc
+                    raise refused(
+                        exc,
+                        member_id=self.member_id,
+                        stream_prefix=self.stream_prefix,
+                        consumer_group=self.consumer_group,
+                        coordinator_url=self._coordinator_url,
+                    ) from exc
                 failures += 1
-                self._log_failure(exc, failures)
-                delay_ms = self._retry_delay_ms(failures)
+                self._heartbeat.log_failure(exc, failures)
+                delay_ms = self._heartbeat.retry_delay_ms(failures)
             else:
                 if self._id_in_use:
                     log.info("%s: the member id is free again; joined", self.member_id)
@@ -282,30 +255,6 @@ class MemberRuntime:
                 failures = 0
                 delay_ms = await self._on_response(response)
             await self._sleep(delay_ms)
-
-    async def _send(self, request: HeartbeatRequest, timeout_ms: int) -> HeartbeatResponse:
-        span = None
-        if self._debug_tracer is not None:
-            span = self._debug_tracer.start_span("streamkit heartbeat", kind=SpanKind.CLIENT)
-            if span.is_recording():
-                span.set_attribute("streamkit.member_id", self.member_id)
-                span.set_attribute("streamkit.epoch", request.member_epoch)
-        started = time.perf_counter()
-        try:
-            with anyio.fail_after(timeout_ms / 1000):
-                response = await self._client.heartbeat(
-                    self.stream_prefix, self.consumer_group, request
-                )
-        except Exception as exc:  # not cancellation: a stop is no failed heartbeat
-            self.heartbeats.failures += 1
-            end_span(span, exc)
-            raise
-        except BaseException:
-            end_span(span, None)
-            raise
-        self.heartbeats.add(time.perf_counter() - started)
-        end_span(span, None)
-        return response
 
     async def _on_response(self, response: HeartbeatResponse) -> int:
         """Apply an answer; returns how long to wait before the next heartbeat."""
@@ -338,7 +287,7 @@ class MemberRuntime:
                 delay_ms = 0  # rejoin (epoch 0, empty ownership) right away
             else:
                 self._reject(reaction, first)
-                delay_ms = self._retry_delay_ms(1)
+                delay_ms = self._heartbeat.retry_delay_ms(1)
         if machine.epoch > 0:
             self.joined.set()
         if self.poller is not None:
@@ -356,12 +305,7 @@ class MemberRuntime:
         local = self.machine.lease_ms
         if local is None or local <= coordinator_ttl_ms:
             return
-        message = (
-            f"STREAMKIT_ASSIGNMENT_LEASE_MS={local} exceeds the coordinator's member lease "
-            f"TTL ({coordinator_ttl_ms} ms): member {self.member_id} could keep reading after "
-            "the coordinator hands its shards to another member; set it to at most "
-            f"{coordinator_ttl_ms} or leave it unset"
-        )
+        message = lease_error_message(self.member_id, local, coordinator_ttl_ms)
         if first:
             raise AssignmentLeaseError(message)
         # The coordinators were reconfigured under a running member: stay safe.
@@ -377,51 +321,13 @@ class MemberRuntime:
             raise MemberRejectedError(message)
         log.error("%s; retrying", message)
 
-    def _fatal(self, exc: CoordinatorError) -> StreamkitError:
-        if exc.status_code == 404:
-            return GroupNotFoundError(
-                self.stream_prefix, self.consumer_group, self._coordinator_url
-            )
-        return MemberRejectedError(
-            f"member {self.member_id} may not heartbeat on {self.stream_prefix}/"
-            f"{self.consumer_group}: {exc} (check STREAMKIT_COORDINATOR_USERNAME/_PASSWORD/"
-            "_TOKEN and the MEMBER role)"
-        )
-
     # -- shard operations ------------------------------------------------------
 
     def _spawn(
         self, shards: frozenset[int], operation: Callable[[frozenset[int]], Awaitable[None]]
     ) -> None:
-        """Run ``operation(shards)`` after every earlier operation on those shards."""
         assert self._tg is not None
-        previous = {self._tails[s] for s in shards if s in self._tails}
-        done = anyio.Event()
-        for shard in shards:
-            self._tails[shard] = done
-        scope = anyio.CancelScope()
-        self._ops[scope] = shards
-        self._tg.start_soon(self._run_op, scope, previous, done, operation, shards)
-
-    async def _run_op(
-        self,
-        scope: anyio.CancelScope,
-        previous: set[anyio.Event],
-        done: anyio.Event,
-        operation: Callable[[frozenset[int]], Awaitable[None]],
-        shards: frozenset[int],
-    ) -> None:
-        try:
-            with scope:
-                for event in previous:
-                    await event.wait()
-                await operation(shards)
-        finally:
-            self._ops.pop(scope, None)
-            done.set()
-            for shard in shards:
-                if self._tails.get(shard) is done:
-                    del self._tails[shard]
+        self._ops.spawn(self._tg, shards, operation)
 
     async def _assign(self, shards: frozenset[int]) -> None:
         if self._hooks is not None:
@@ -467,9 +373,7 @@ class MemberRuntime:
         )
         # Everything this member did is void: stop hooks still draining or
         # assigning (a stuck on_revoked is the usual reason for a fence).
-        for scope in list(self._ops):
-            scope.cancel()
-        self._tails.clear()
+        self._ops.cancel_all()
         if self.poller is not None:
             self.poller.abort_all()
         if self._hooks is not None:
@@ -525,11 +429,8 @@ class MemberRuntime:
         # Handlers may still finish, but acks cannot reach Redis, so do not
         # wait long: what stays unacked is pending for the next owner.
         with anyio.move_on_after(_RELEASE_DRAIN_S) as waited:
-            for done in list(self._tails.values()):
-                await done.wait()
-        for scope in list(self._ops):
-            scope.cancel()
-        self._tails.clear()
+            await self._ops.wait_all()
+        self._ops.cancel_all()
         self.poller.abort_all()
         if waited.cancelled_caught:
             # A handler may still be running: a leave would hand its shard to
@@ -547,7 +448,7 @@ class MemberRuntime:
         failures = 0
         while not self._stop_requested:
             try:
-                with anyio.fail_after(self._request_timeout_s):
+                with anyio.fail_after(self._heartbeat.request_timeout_s):
                     await self._redis.ping()
             except (RedisError, OSError, TimeoutError) as exc:
                 failures += 1
@@ -558,58 +459,16 @@ class MemberRuntime:
                         self._redis_url or self.poller.redis_address,
                         describe_error(exc),
                     )
-                await self._sleep(self._retry_delay_ms(failures))
+                await self._sleep(self._heartbeat.retry_delay_ms(failures))
                 continue
             reach.succeeded()
             log.info("%s: Redis answers again; joining the group", self.member_id)
             return
 
-    # -- leaving ------------------------------------------------------------------
-
-    async def _leave(self, *, for_restart: bool = True) -> None:
+    async def _leave(self, *, for_restart: bool) -> None:
         if not self._answered_once and self.machine.epoch == 0:
             return  # never joined: nothing to leave
-        for attempt in range(1, _LEAVE_ATTEMPTS + 1):
-            request = self.machine.leave_request(monotonic_ms(), for_restart=for_restart)
-            try:
-                response = await self._send(request, self._request_timeout_ms())
-            except (CoordinatorUnavailable, CoordinatorError, TimeoutError) as exc:
-                self.machine.request_failed()
-                if attempt == _LEAVE_ATTEMPTS:
-                    log.warning(
-                        "%s: could not leave (%r); the coordinator will expire the member "
-                        "after its lease",
-                        self.member_id,
-                        exc,
-                    )
-                    return
-                await anyio.sleep(self._retry_delay_ms(attempt) / 1000)
-                continue
-            if response.status is HeartbeatStatus.INVALID_REQUEST and self.machine.static:
-                # A coordinator without static leaves (the reference server):
-                # leave the plain way, the shards move at once.
-                self.machine.static = False
-                continue
-            self.machine.on_response(response)
-            log.info("%s: left the group", self.member_id)
-            return
-
-    # -- timing ---------------------------------------------------------------------
-
-    def _request_timeout_ms(self) -> int:
-        """A heartbeat may take as long as the lease has left, but at least an
-        interval: a hung coordinator must not keep us from trying again."""
-        interval = self.machine.heartbeat_interval_ms
-        remaining = self.machine.lease_remaining_ms(monotonic_ms())
-        return int(min(self._request_timeout_s * 1000, max(interval, remaining)))
-
-    def _retry_delay_ms(self, failures: int) -> int:
-        interval = self.machine.heartbeat_interval_ms
-        cap = max(interval, min(_RETRY_CAP_MS, 10 * interval))
-        if self.machine.lease_valid(monotonic_ms()):
-            # Keep the lease alive: at least one attempt per interval.
-            cap = min(cap, interval)
-        return int(jittered_backoff(failures, _RETRY_BASE_MS, cap, random.random()))
+        await self._heartbeat.leave(for_restart=for_restart)
 
     async def _sleep(self, delay_ms: int) -> None:
         if delay_ms > 0 and not self._wake.is_set():
@@ -628,22 +487,6 @@ class MemberRuntime:
                 "each process its own base.",
                 self.member_id,
                 exc,
-            )
-
-    def _log_failure(self, exc: BaseException, failures: int) -> None:
-        if failures == 1 or failures % 10 == 0:
-            if not self.machine.joined:
-                lease = "not joined yet"
-            elif self.machine.lease_valid(monotonic_ms()):
-                lease = "lease valid"
-            else:
-                lease = "lease expired"
-            log.warning(
-                "%s: heartbeat failed (%d in a row, %s): %s",
-                self.member_id,
-                failures,
-                lease,
-                exc or repr(exc),
             )
 
     def __repr__(self) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from streamkit.consumer.poller import ReadObserver
+from streamkit.consumer.options import ReadObserver
 
 __all__ = ["ReadTimer", "Timing", "debug_tracer", "end_span"]
 

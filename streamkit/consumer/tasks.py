@@ -1,11 +1,12 @@
 """Running one read's handlers at once (``ordered=False``), cheaply.
 
-An anyio task group spends about 26 µs per task it starts (a cancel scope
-and an event per task handle), four times what an asyncio task costs, and an
+An anyio task group spends several times what an asyncio task costs on each
+task it starts (a cancel scope and an event per task handle), and an
 unordered listener starts one per entry: more than the rest of handling a
-small entry.  :func:`run_concurrently` keeps the task group's contract for
-this one use: every coroutine runs in a task of its own; the call returns
-only when all of them have finished; cancelled, it cancels them and waits
+small entry (figures: docs/performance.md, "Consumer throughput").
+:func:`run_concurrently` keeps the task group's contract for this one use:
+every coroutine runs in a task of its own; the call returns only when all
+of them have finished; cancelled, it cancels them and waits
 for them (shielded) before it re-raises; one that raises gets the others
 cancelled, and the errors come out as an exception group.
 

@@ -34,14 +34,12 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 from streamkit.consumer.lifecycle import monotonic_ms
-from streamkit.consumer.member import MemberState
+from streamkit.consumer.member import MemberPhase
 from streamkit.consumer.stats import ReadTimer
 from streamkit.middleware import (
     BatchContext,
     BatchNext,
-    ConsumeResult,
     Middleware,
-    Outcome,
     PublishContext,
     PublishManyContext,
     PublishManyNext,
@@ -49,10 +47,11 @@ from streamkit.middleware import (
     ReadContext,
     ReadNext,
 )
+from streamkit.publisher.errors import PublishBatchError, RoutingUnavailable, StaleRouteError
+from streamkit.results import ConsumeResult, Outcome, PublishResult
 
 if TYPE_CHECKING:
     from streamkit.app import StreamKit
-    from streamkit.publisher.publisher import PublishResult
 
 __all__ = ["AppCollector", "PrometheusMiddleware", "error_reason"]
 
@@ -65,9 +64,6 @@ _LE: Final = (*(repr(float(b)) for b in _BUCKETS), "+Inf")
 
 def error_reason(error: BaseException) -> str:
     """A bounded label for a publish error (never the message text)."""
-    from streamkit.publisher.publisher import StaleRouteError
-    from streamkit.publisher.routing_cache import RoutingUnavailable
-
     if isinstance(error, StaleRouteError):
         return "stale_route"
     if isinstance(error, RoutingUnavailable):
@@ -106,7 +102,7 @@ class _Group:
     """The numbers of one (stream prefix, group): plain attributes, no locks.
 
     prometheus-client's metric objects take a lock and check their state on
-    every ``inc``/``observe`` (about 1 us each, five of them per entry); the
+    every ``inc``/``observe`` (five of them per entry: see docs/performance.md); the
     middleware runs on the event loop only, so plain additions do, and
     ``collect`` turns them into metric families at scrape time.  In flight is
     what was received (read, for a per-entry handler) and has not ended.
@@ -218,8 +214,6 @@ class PrometheusMiddleware(Middleware, Collector):
     async def publish_many(
         self, ctx: PublishManyContext, call_next: PublishManyNext
     ) -> list[PublishResult]:
-        from streamkit.publisher.publisher import PublishBatchError
-
         group = self._group(ctx.stream_prefix, ctx.consumer_group)
         started = time.perf_counter()
         try:
@@ -356,7 +350,7 @@ class AppCollector(Collector):
             f.owned.add_metric(values, len(machine.readable(now)))
             f.joined.add_metric(values, 1.0 if machine.joined else 0.0)
             current = machine.state
-            for state in MemberState:
+            for state in MemberPhase:
                 f.state.add_metric([*values, state.value], 1.0 if state is current else 0.0)
             f.lease.add_metric(values, machine.lease_remaining_ms(now) / 1000)
             beats = member.heartbeats

@@ -29,14 +29,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
-from streamkit.middleware import (
-    BatchContext,
-    BatchNext,
-    ConsumeContext,
-    ConsumeNext,
-    ConsumeResult,
-    Middleware,
-)
+from streamkit.middleware import BatchContext, BatchNext, ConsumeContext, ConsumeNext, Middleware
+from streamkit.results import ConsumeResult
 
 __all__ = ["TracingMiddleware", "parent_context"]
 
@@ -153,7 +147,7 @@ class TracingMiddleware(Middleware):
 
         Without an SDK a no-op span would still cost a context switch per
         entry.  ``get_tracer_provider()`` reads the environment while none is
-        installed (about 1 us), so the answer is kept for a second: a provider
+        installed (a system call per check), so the answer is kept for a second: a provider
         installed later is used from the next check on.
         """
         if self._explicit:

@@ -2,40 +2,10 @@
 
 Many tasks that each ``await publisher.publish(...)`` would otherwise pay one
 round trip each, although their calls arrive within the same event-loop turn.
-:class:`CommandCoalescer` sends them as one non-transactional pipeline:
-
-* **alone, no delay:** when no command is in the air and nobody is collecting,
-  a call is sent at once as a plain command. A single caller therefore never
-  waits for a window (its latency is what it was without coalescing);
-* **concurrent, one pipeline:** when a command is already in the air, the next
-  caller becomes the *leader* of a batch: it yields for ``window`` seconds (0
-  means one event-loop turn), lets every caller arriving meanwhile join, then
-  sends the batch as one pipeline and hands each caller its own reply;
-* **group commit:** while ``max_in_flight`` sends are in the air, a batch keeps
-  collecting until one of them is answered, and goes out then (the callers
-  that answer woke join it first). Callers that arrive spread over time, as
-  web requests do, then share a few large pipelines on at most
-  ``max_in_flight`` connections, instead of each event-loop turn's arrivals
-  taking a pooled connection and a round trip of their own;
-* **bounded:** a batch takes at most ``max_batch`` commands; a full batch is
-  sent without waiting for the in-flight limit, and the next caller starts a
-  new batch.
-
-Each caller gets its own reply, or its own error: a command error (a reply
-that is an exception) fails that call only; an error of the whole pipeline
-(connection lost, timeout) fails every call of the batch, and each caller
-decides on its own whether to retry.
-
-Order: commands of one batch are sent in the order the calls were made, on one
-connection, so Redis applies them in that order. Calls from one task are
-sequential (the task awaits each), so they keep their order. Calls from
-different tasks in *different* batches may be sent on different connections at
-the same time: across tasks there is no order, exactly as without coalescing.
-
-The leader waits, sends and delivers under a shielded cancel scope: cancelling
-the leader while its batch is collecting or in the air must not strand the
-other callers. The shield lasts at most two round trips (one already in the
-air, then its own), each bounded by the client's socket timeout.
+:class:`CommandCoalescer` sends them as one non-transactional pipeline, each
+caller getting its own reply or its own error; a lone call is sent at once,
+so a single caller never waits for a window.  When, how large and in which
+order batches go out: docs/architecture.md ("The publisher").
 """
 
 from __future__ import annotations

@@ -182,7 +182,8 @@ class RoutingRefresher:
             self.replacements += flight.replaced
             if flight.ignored_older:
                 # Redis under the coordinator lost writes (or was restored):
-                # never go back, and say so loudly (seed 000 asks for an alert).
+                # never go back, and say so loudly: an operator should alert on it
+                # (``routing_cache.older_responses``).
                 log.warning(
                     "coordinator answered producer routing version %d for %s/%s, older "
                     "than the version %d in use (highest seen %d); ignored",

@@ -1,7 +1,7 @@
 """Producer routing cache for one ``(stream_prefix, consumer_group)``, sans-IO.
 
 Producers have no heartbeat, so routing metadata refresh is the only way they
-learn about a reshard (seed 000, "Producer Routing During Failures"). The rules:
+learn about a reshard, also while the coordinator or its Redis fails. The rules:
 
 * refresh before the cache lease expires, and at once on a stale route;
 * replace the table only with a newer ``metadataVersion``;

@@ -11,16 +11,9 @@ from typing import Any, TypeAlias
 
 import redis.asyncio
 
-from streamkit.testing.redis_server import (
-    CLUSTER_BUS_PORT_OFFSET,
-    CLUSTER_SLOTS,
-    HOST,
-    RedisCluster,
-    RedisNotInstalledError,
-    RedisServer,
-    RedisServerError,
-    free_port,
-)
+from streamkit.testing.process import CLUSTER_BUS_PORT_OFFSET, HOST, free_port
+from streamkit.testing.redis_cluster import CLUSTER_SLOTS, RedisCluster
+from streamkit.testing.redis_server import RedisNotInstalledError, RedisServer, RedisServerError
 
 __all__ = [
     "CLUSTER_BUS_PORT_OFFSET",

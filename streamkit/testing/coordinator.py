@@ -2,35 +2,33 @@
 
 Used by the server tests, the client tests and ``streamkit demo``: the
 coordinator is started exactly as in production, on a free loopback port,
-talking to the given Redis, and is torn down by PID only.
+talking to the given Redis (how it is started and torn down:
+``streamkit.testing.process``).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import httpx
 
-from streamkit.testing.redis_server import HOST, _die_with_parent_hook, free_port
+from streamkit.testing.process import HOST, ManagedProcess, PortTakenError, free_port
 
 __all__ = [
     "TEST_ADMIN_PASSWORD",
     "TEST_ADMIN_USERNAME",
     "TEST_TOKEN_SECRET",
-    "CoordinatorError",
     "CoordinatorProcess",
+    "CoordinatorProcessError",
 ]
 
 #: The credentials every launched coordinator gets unless told otherwise.  The
@@ -43,24 +41,30 @@ TEST_TOKEN_SECRET = "streamkit-test-token-secret"
 _STARTUP_ATTEMPTS = 3
 
 
-class CoordinatorError(RuntimeError):
-    """The coordinator process could not be started or did not become healthy."""
+class CoordinatorProcessError(RuntimeError):
+    """The coordinator process could not be started or did not become healthy.
+
+    Not ``streamkit.CoordinatorError`` (a coordinator's error answer): this is
+    the test launcher failing to run one.
+    """
 
 
-_live: set[CoordinatorProcess] = set()
-_live_lock = threading.Lock()
+class _PortTakenError(CoordinatorProcessError, PortTakenError):
+    pass
 
 
-@atexit.register
-def _stop_leftovers() -> None:
-    with _live_lock:
-        leftovers = list(_live)
-    for proc in leftovers:
-        with contextlib.suppress(Exception):
-            proc.kill()
+def __getattr__(name: str) -> Any:
+    if name == "CoordinatorError":
+        warnings.warn(
+            "streamkit.testing.coordinator.CoordinatorError is now CoordinatorProcessError",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return CoordinatorProcessError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class CoordinatorProcess:
+class CoordinatorProcess(ManagedProcess):
     """One coordinator process; ``start()`` blocks until it answers ``/healthz``.
 
     Timings default to short, test-friendly values; pass ``None`` to use the
@@ -86,6 +90,8 @@ class CoordinatorProcess:
         port: int | None = None,
         startup_timeout: float = 30.0,
     ) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="streamkit-coordinator-"))
+        super().__init__(self._dir / "coordinator.log")
         self.redis_url = redis_url
         self.cluster = cluster
         self.admin_username = admin_username
@@ -108,9 +114,6 @@ class CoordinatorProcess:
         }
         self._env = {f"STREAMKIT_SERVER_{k}": str(v) for k, v in settings.items() if v is not None}
         self._env.update(env or {})
-        self._dir = Path(tempfile.mkdtemp(prefix="streamkit-coordinator-"))
-        self._log_offset = 0
-        self._proc: subprocess.Popen[bytes] | None = None
         #: The running process' id in the coordinator registry (from ``/healthz``).
         self.coordinator_id: str | None = None
         # Every launch's registry id: its entry outlives it (see forget_registrations).
@@ -136,49 +139,24 @@ class CoordinatorProcess:
         """Credentials with the MEMBER role, for heartbeats."""
         return self.admin_auth
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def log_path(self) -> Path:
-        return self._dir / "coordinator.log"
-
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def logs(self, lines: int = 60) -> str:
-        """Tail of what the current launch printed."""
-        try:
-            with open(self.log_path, "rb") as fh:
-                fh.seek(self._log_offset)
-                text = fh.read().decode(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
     # -- lifecycle -------------------------------------------------------------
 
     def start(self) -> Self:
         if self.is_running():
-            raise CoordinatorError(f"coordinator on port {self._port} is already running")
-        with _live_lock:
-            _live.add(self)
-        for attempt in range(_STARTUP_ATTEMPTS):
-            try:
-                self._launch_and_wait()
-                return self
-            except _PortTakenError:
-                if self._fixed_port or attempt == _STARTUP_ATTEMPTS - 1:
-                    raise
-                self._port = free_port()
-        raise AssertionError("unreachable")  # pragma: no cover
+            raise CoordinatorProcessError(f"coordinator on port {self._port} is already running")
+        self._register()
+        self._start_with_port_retries(
+            _STARTUP_ATTEMPTS, self._launch_and_wait, None if self._fixed_port else self._new_port
+        )
+        return self
+
+    def _new_port(self) -> None:
+        self._port = free_port()
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM and wait (graceful shutdown); returns the exit status."""
         code = self._terminate(signal.SIGTERM, timeout)
-        with _live_lock:
-            _live.discard(self)
+        self._unregister()
         return code
 
     def kill(self) -> int | None:
@@ -193,14 +171,16 @@ class CoordinatorProcess:
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` without waiting (e.g. SIGTERM while requests are in flight)."""
-        if self._proc is not None:
-            self._proc.send_signal(sig)
+        self._signal(sig)
 
     def wait(self, timeout: float) -> int:
         """Wait for the process to exit; returns its status."""
         if self._proc is None:
-            raise CoordinatorError("coordinator was never started")
+            raise CoordinatorProcessError("coordinator was never started")
         return self._proc.wait(timeout)
+
+    def close(self) -> None:
+        self.cleanup()
 
     def cleanup(self) -> None:
         """Stop, forget this object's registry entries, delete the log directory."""
@@ -247,27 +227,17 @@ class CoordinatorProcess:
         env.update(self._env)
         env["STREAMKIT_SERVER_PORT"] = str(self._port)
         env["PYTHONUNBUFFERED"] = "1"
-        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "streamkit_server"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent_hook(),
-            )
+        proc = self._spawn([sys.executable, "-m", "streamkit_server"], env=env)
         deadline = time.monotonic() + self._startup_timeout
         with httpx.Client(timeout=1.0) as client:
             while time.monotonic() < deadline:
-                code = self._proc.poll()
+                code = proc.poll()
                 if code is not None:
                     self._proc = None
                     logs = self.logs()
                     if "address already in use" in logs.lower():
                         raise _PortTakenError(f"port {self._port} taken:\n{logs}")
-                    raise CoordinatorError(
+                    raise CoordinatorProcessError(
                         f"coordinator exited with status {code} during start-up:\n{logs}"
                     )
                 with contextlib.suppress(httpx.HTTPError, ValueError):
@@ -275,51 +245,14 @@ class CoordinatorProcess:
                     # Only our own process counts: another coordinator may be
                     # listening on the port if ours failed to bind it.
                     health = reply.json()
-                    if reply.status_code == 200 and health.get("pid") == self._proc.pid:
+                    if reply.status_code == 200 and health.get("pid") == proc.pid:
                         self.coordinator_id = health.get("coordinatorId")
                         if self.coordinator_id is not None:
                             self._launched.append(self.coordinator_id)
                         return
                 time.sleep(0.05)
         self._terminate(signal.SIGKILL, 5.0)
-        raise CoordinatorError(
+        raise CoordinatorProcessError(
             f"coordinator did not become healthy within {self._startup_timeout:.0f}s:\n"
             f"{self.logs()}"
         )
-
-    def _terminate(self, sig: int, timeout: float) -> int | None:
-        proc = self._proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(sig)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self._proc = None
-        return proc.returncode
-
-    # -- context manager -------------------------------------------------------
-
-    def __enter__(self) -> Self:
-        if not self.is_running():
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cleanup()
-
-    def __repr__(self) -> str:
-        state = "running" if self.is_running() else "stopped"
-        return f"<CoordinatorProcess {self.url} pid={self.pid} {state}>"
-
-
-class _PortTakenError(CoordinatorError):
-    pass

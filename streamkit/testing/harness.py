@@ -23,9 +23,11 @@ from streamkit.app import StreamKit
 from streamkit.consumer.failure import dead_letter_key
 from streamkit.consumer.lifecycle import monotonic_ms
 from streamkit.consumer.runtime import MemberRuntime
-from streamkit.publisher.publisher import Publisher, PublishResult
+from streamkit.publisher.publisher import Publisher
+from streamkit.results import PublishResult
 from streamkit.testing import RedisTarget, redis_client
 from streamkit.testing.coordinator import CoordinatorProcess
+from streamkit.testing.members import crash_member, restart_member
 
 __all__ = ["StreamKitHarness"]
 
@@ -112,14 +114,12 @@ class StreamKitHarness:
         no drain, no acks, no leave.  The coordinator gives its shards to the
         other members once its member lease runs out (``settled`` waits for
         that); entries it had not acked are delivered again.  Returns it."""
-        member = self._members(app)[index]
-        member.crash()
-        return member
+        return crash_member(app, self._members(app)[index])
 
     def restart_member(self, app: StreamKit, killed: MemberRuntime) -> MemberRuntime:
         """Start a member in place of a killed one, as a restarted process would
         (a new member id, unless membership is static).  Returns the new member."""
-        return app.restart_member(killed)
+        return restart_member(app, killed)
 
     def _members(self, app: StreamKit) -> list[MemberRuntime]:
         key = (self.stream_prefix, self.group)

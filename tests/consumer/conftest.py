@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from streamkit import StreamKit
 from streamkit.testing import RedisTarget, redis_client
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .support import Admin, AppProcess, app_env
+from .support import Admin, AppProcess, InProcessApp, app_env, in_process_settings
 
 
 @pytest.fixture
@@ -34,6 +35,17 @@ async def redis(any_redis: RedisTarget) -> AsyncIterator[Any]:
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture
+def make_app(coordinator: CoordinatorProcess, any_redis: RedisTarget) -> InProcessApp:
+    """``make_app(base, **options)``: a ``StreamKit`` app inside the test process,
+    on this test's coordinator and Redis; ``base`` names its members."""
+
+    def make(base: str, **options: Any) -> StreamKit:
+        return StreamKit(**in_process_settings(coordinator, any_redis, base), **options)
+
+    return make
 
 
 AppFactory = Callable[..., AppProcess]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 from helpers import REPO, Admin, AppProcess, eventually, logical
 
+from streamkit import StreamKit
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
@@ -219,6 +220,10 @@ class MemoryRecorder:
 
     def all_reads(self) -> list[ReadInterval]:
         return self.reads + self.open_reads()
+
+
+#: ``make_app(base, **options)`` (the fixture): an in-process app of the test.
+InProcessApp = Callable[..., StreamKit]
 
 
 def in_process_settings(

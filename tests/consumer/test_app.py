@@ -16,7 +16,7 @@ from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import TEST_TOKEN_SECRET, CoordinatorProcess
 from streamkit_server.security import Authenticator, Principal, Role
 
-from .support import Admin, eventually, in_process_settings, serving
+from .support import Admin, InProcessApp, eventually, in_process_settings, serving
 
 pytestmark = pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 
@@ -68,11 +68,10 @@ async def bill(
 
 
 async def test_handlers_get_dependencies_and_publishers(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 2)
@@ -85,11 +84,7 @@ async def test_handlers_get_dependencies_and_publishers(
         yield
         events.append("lifespan-exit")
 
-    app = StreamKit(
-        container=Services(),
-        lifespan=lifespan,
-        **in_process_settings(coordinator, any_redis, "di"),
-    )
+    app = make_app("di", container=Services(), lifespan=lifespan)
     out = app.publisher(stream_prefix=f"{prefix}-invoices", group="archive", provide_as="invoices")
     assert out.stream_prefix == f"{prefix}-invoices"
     app.on_startup(lambda: events.append("startup"))
@@ -116,11 +111,11 @@ async def test_handlers_get_dependencies_and_publishers(
 
 
 async def test_async_with_releases_connections(
-    coordinator: CoordinatorProcess, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
+    admin: Admin, names: tuple[str, str], make_app: InProcessApp
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 1)
-    async with StreamKit(**in_process_settings(coordinator, any_redis, "ctx")) as app:
+    async with make_app("ctx") as app:
         publisher = app.publisher(stream_prefix=prefix, group=group)
         result = await publisher.publish("k", {"v": "1"})
         assert result.stream_key == f"{prefix}:0"

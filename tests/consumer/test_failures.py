@@ -15,15 +15,13 @@ import pytest
 
 from streamkit import Message, StreamKit
 from streamkit.consumer.failure import FailurePolicy, dead_letter_key
-from streamkit.testing import RedisTarget
-from streamkit.testing.coordinator import CoordinatorProcess
 
 from .support import (
     Admin,
+    InProcessApp,
     all_acked,
     dead_letters,
     eventually,
-    in_process_settings,
     logical,
     serving,
     text,
@@ -57,11 +55,10 @@ async def pending(redis: Any, key: str, group: str) -> int:
 
 
 async def test_poison_entry_in_ordered_shard_is_retried_then_dead_lettered(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 2)
@@ -76,7 +73,7 @@ async def test_poison_entry_in_ordered_shard_is_retried_then_dead_lettered(
     calls: list[Call] = []
     policy = FailurePolicy(max_attempts=4, backoff_initial_ms=40, jitter=0.0)
 
-    app = StreamKit(**in_process_settings(coordinator, any_redis, "poison"))
+    app = make_app("poison")
 
     @app.stream_listener(stream_prefix=prefix, group=group, batch_size=5, failure_policy=policy)
     async def handle(msg: Message) -> None:
@@ -120,11 +117,10 @@ async def test_poison_entry_in_ordered_shard_is_retried_then_dead_lettered(
 
 
 async def test_halt_mode_stops_only_that_shard(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 2)
@@ -135,7 +131,7 @@ async def test_halt_mode_stops_only_that_shard(
     seen: list[tuple[int, str, int]] = []
     policy = FailurePolicy(max_attempts=2, backoff_initial_ms=20, on_exhausted="halt")
 
-    app = StreamKit(**in_process_settings(coordinator, any_redis, "halt"))
+    app = make_app("halt")
 
     @app.stream_listener(stream_prefix=prefix, group=group, failure_policy=policy)
     async def handle(msg: Message) -> None:
@@ -170,11 +166,10 @@ async def test_halt_mode_stops_only_that_shard(
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 async def test_unordered_listener_does_not_wait_for_a_failing_entry(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 1)
@@ -183,7 +178,7 @@ async def test_unordered_listener_does_not_wait_for_a_failing_entry(
     seen: list[tuple[str, int]] = []
     policy = FailurePolicy(max_attempts=2, backoff_initial_ms=1_500, jitter=0.0)
 
-    app = StreamKit(**in_process_settings(coordinator, any_redis, "unordered"))
+    app = make_app("unordered")
 
     @app.stream_listener(
         stream_prefix=prefix, group=group, ordered=False, batch_size=50, failure_policy=policy
@@ -208,11 +203,10 @@ async def test_unordered_listener_does_not_wait_for_a_failing_entry(
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 async def test_nack_delay_and_errors_that_are_not_retried(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 1)
@@ -228,7 +222,7 @@ async def test_nack_delay_and_errors_that_are_not_retried(
         no_retry_if=lambda exc: "permanent" in str(exc),
     )
 
-    app = StreamKit(**in_process_settings(coordinator, any_redis, "nack"))
+    app = make_app("nack")
 
     @app.stream_listener(stream_prefix=prefix, group=group, failure_policy=policy)
     async def handle(msg: Message) -> None:
@@ -262,11 +256,10 @@ async def test_nack_delay_and_errors_that_are_not_retried(
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 async def test_a_stop_during_backoff_leaves_the_entry_to_the_next_owner(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
+    make_app: InProcessApp,
 ) -> None:
     """A graceful stop does not wait for a 30 s backoff; the next member
     continues the attempt count from Redis' delivery counter."""
@@ -277,7 +270,7 @@ async def test_a_stop_during_backoff_leaves_the_entry_to_the_next_owner(
     seen: list[tuple[str, int, str]] = []
 
     def make(base: str, policy: FailurePolicy) -> StreamKit:
-        app = StreamKit(**in_process_settings(coordinator, any_redis, base))
+        app = make_app(base)
 
         @app.stream_listener(stream_prefix=prefix, group=group, failure_policy=policy)
         async def handle(msg: Message) -> None:

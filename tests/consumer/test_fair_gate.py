@@ -8,7 +8,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from streamkit.consumer.poller import FairGate
+from streamkit.consumer.fair_gate import FairGate
 
 
 async def test_shards_take_turns_when_tokens_are_scarce() -> None:

@@ -8,11 +8,9 @@ from typing import Any
 import anyio
 import pytest
 
-from streamkit import Message, StreamKit
-from streamkit.testing import RedisTarget
-from streamkit.testing.coordinator import CoordinatorProcess
+from streamkit import Message
 
-from .support import Admin, MemoryRecorder, eventually, in_process_settings, serving
+from .support import Admin, InProcessApp, MemoryRecorder, eventually, serving
 
 SHARDS = 8
 BACKLOG = 1_000
@@ -24,12 +22,11 @@ BACKLOG = 1_000
     ids=["tokens-for-one-batch", "tokens-for-all-shards"],
 )
 async def test_backlogged_shards_get_equal_turns(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
     max_in_flight: int,
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, SHARDS)
@@ -40,9 +37,7 @@ async def test_backlogged_shards_get_equal_turns(
         await pipe.execute()
 
     delivered: Counter[int] = Counter()
-    app = StreamKit(
-        read_observer=MemoryRecorder(), **in_process_settings(coordinator, any_redis, "fair")
-    )
+    app = make_app("fair", read_observer=MemoryRecorder())
 
     @app.stream_listener(
         stream_prefix=prefix, group=group, batch_size=10, max_in_flight=max_in_flight

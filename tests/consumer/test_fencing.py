@@ -10,16 +10,14 @@ from typing import Any
 import anyio
 import pytest
 
-from streamkit import Message, ShardContext, StreamKit
-from streamkit.testing import RedisTarget
-from streamkit.testing.coordinator import CoordinatorProcess
+from streamkit import Message, ShardContext
 
 from .support import (
     Admin,
+    InProcessApp,
     MemoryRecorder,
     all_acked,
     eventually,
-    in_process_settings,
     overlapping_reads,
     serving,
     settled_ownership,
@@ -61,18 +59,17 @@ class StuckOnFirstRevoke:
 
 
 async def test_slow_drain_gets_fenced_then_rejoins(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, SHARDS)
     recorder = MemoryRecorder()
     hooks = StuckOnFirstRevoke()
-    slow = StreamKit(read_observer=recorder, **in_process_settings(coordinator, any_redis, "slow"))
-    fast = StreamKit(read_observer=recorder, **in_process_settings(coordinator, any_redis, "fast"))
+    slow = make_app("slow", read_observer=recorder)
+    fast = make_app("fast", read_observer=recorder)
     handled: set[str] = set()
 
     async def handle(msg: Message) -> None:

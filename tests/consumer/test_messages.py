@@ -10,12 +10,10 @@ from typing import Any
 import anyio
 import pytest
 
-from streamkit import Message, StreamKit
+from streamkit import Message
 from streamkit.consumer.failure import FailurePolicy, dead_letter_key
-from streamkit.testing import RedisTarget
-from streamkit.testing.coordinator import CoordinatorProcess
 
-from .support import Admin, eventually, in_process_settings, logical, serving
+from .support import Admin, InProcessApp, eventually, logical, serving
 
 
 async def add(redis: Any, key: str, do: str) -> str:
@@ -24,12 +22,11 @@ async def add(redis: Any, key: str, do: str) -> str:
 
 
 async def test_ack_ack_del_nack_and_failures(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
     caplog: pytest.LogCaptureFixture,
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     key = f"{prefix}:0"
@@ -40,7 +37,7 @@ async def test_ack_ack_del_nack_and_failures(
     after = await add(redis, key, "ack")
     calls: list[tuple[str, str, bool]] = []
 
-    app = StreamKit(**in_process_settings(coordinator, any_redis, "settle"))
+    app = make_app("settle")
 
     policy = FailurePolicy(max_attempts=2, backoff_initial_ms=10)
 
@@ -88,11 +85,10 @@ async def _pending(redis: Any, key: str, group: str, count: int) -> bool:
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 async def test_sync_handler_with_auto_ack_and_unordered_batches(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     key = f"{prefix}:0"
@@ -103,7 +99,7 @@ async def test_sync_handler_with_auto_ack_and_unordered_batches(
     threads: set[int] = set()
     seen: list[str] = []
 
-    app = StreamKit(**in_process_settings(coordinator, any_redis, "sync"))
+    app = make_app("sync")
 
     @app.stream_listener(
         stream_prefix=prefix, group=group, auto_ack=True, ordered=False, failure_policy=policy

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
-from streamkit import Message, StreamKit
+from streamkit import Message
 from streamkit.consumer.failure import FailurePolicy
 from streamkit.middleware import (
     BatchContext,
@@ -32,10 +32,8 @@ from streamkit.middleware import (
 from streamkit.observability.metrics import AppCollector, PrometheusMiddleware
 from streamkit.observability.tracing import TracingMiddleware, parent_context
 from streamkit.publisher.publisher import PublishResult
-from streamkit.testing import RedisTarget
-from streamkit.testing.coordinator import CoordinatorProcess
 
-from .support import Admin, eventually, in_process_settings, serving
+from .support import Admin, InProcessApp, eventually, serving
 
 # One Redis flavour is enough here: the chain sits above the Redis commands.
 standalone = pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
@@ -69,15 +67,12 @@ class SkipSeen(Middleware):
 
 @standalone
 async def test_middlewares_wrap_handler_and_policy_in_order(
-    coordinator: CoordinatorProcess, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
+    admin: Admin, names: tuple[str, str], make_app: InProcessApp
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 1)
     log: list[tuple[str, ...]] = []
-    app = StreamKit(
-        **in_process_settings(coordinator, any_redis, "mw"),
-        middlewares=[Recorder("outer", log), Recorder("inner", log)],
-    )
+    app = make_app("mw", middlewares=[Recorder("outer", log), Recorder("inner", log)])
     app.add_middleware(SkipSeen())
     pub = app.publisher(stream_prefix=prefix, group=group)
     handled: list[dict[str, str]] = []
@@ -138,16 +133,15 @@ class ReadRecorder(Middleware):
 @standalone
 @pytest.mark.parametrize("ordered", [True, False])
 async def test_read_middleware_sees_every_handler_call_of_a_read(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     names: tuple[str, str],
     ordered: bool,
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 1)
     recorder = ReadRecorder()
-    app = StreamKit(**in_process_settings(coordinator, any_redis, "read"), middlewares=[recorder])
+    app = make_app("read", middlewares=[recorder])
     pub = app.publisher(stream_prefix=prefix, group=group)
     policy = FailurePolicy(max_attempts=2, backoff_initial_ms=10, jitter=0.0)
 
@@ -191,16 +185,13 @@ def recording() -> tuple[InMemorySpanExporter, TracerProvider]:
 
 @standalone
 async def test_consumer_span_is_child_of_the_producer_span(
-    coordinator: CoordinatorProcess, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
+    admin: Admin, names: tuple[str, str], make_app: InProcessApp
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 2)
     exporter, provider = recording()
     tracer = provider.get_tracer("streamkit")
-    app = StreamKit(
-        **in_process_settings(coordinator, any_redis, "trace"),
-        middlewares=[TracingMiddleware(tracer=tracer)],
-    )
+    app = make_app("trace", middlewares=[TracingMiddleware(tracer=tracer)])
     pub = app.publisher(stream_prefix=prefix, group=group)
     pub.tracer = tracer
     seen: list[str] = []
@@ -241,11 +232,10 @@ async def test_consumer_span_is_child_of_the_producer_span(
 @standalone
 @pytest.mark.parametrize("follow", [True, False])
 async def test_a_sampled_out_producer_decides_for_the_consumer(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     names: tuple[str, str],
     follow: bool,
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 2)
@@ -255,8 +245,8 @@ async def test_a_sampled_out_producer_decides_for_the_consumer(
     exporter = InMemorySpanExporter()
     consumer_side = TracerProvider(sampler=ALWAYS_ON)
     consumer_side.add_span_processor(SimpleSpanProcessor(exporter))
-    app = StreamKit(
-        **in_process_settings(coordinator, any_redis, f"sampled-{follow}"),
+    app = make_app(
+        f"sampled-{follow}",
         middlewares=[
             TracingMiddleware(
                 tracer=consumer_side.get_tracer("streamkit"), follow_parent_sampling=follow
@@ -296,15 +286,12 @@ async def test_a_sampled_out_producer_decides_for_the_consumer(
 
 @standalone
 async def test_prometheus_middleware_counts_outcomes_and_publishes(
-    coordinator: CoordinatorProcess, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
+    admin: Admin, names: tuple[str, str], make_app: InProcessApp
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 2)
     registry = CollectorRegistry()
-    app = StreamKit(
-        **in_process_settings(coordinator, any_redis, "prom"),
-        middlewares=[PrometheusMiddleware(registry)],
-    )
+    app = make_app("prom", middlewares=[PrometheusMiddleware(registry)])
     registry.register(AppCollector(app))
     pub = app.publisher(stream_prefix=prefix, group=group)
     policy = FailurePolicy(max_attempts=1)
@@ -379,16 +366,13 @@ class BatchRecorder(Middleware):
 
 @standalone
 async def test_batch_middleware_sees_one_outcome_per_entry(
-    coordinator: CoordinatorProcess, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
+    admin: Admin, names: tuple[str, str], make_app: InProcessApp
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 1)
     recorder = BatchRecorder()
     registry = CollectorRegistry()
-    app = StreamKit(
-        **in_process_settings(coordinator, any_redis, "batch"),
-        middlewares=[recorder, PrometheusMiddleware(registry)],
-    )
+    app = make_app("batch", middlewares=[recorder, PrometheusMiddleware(registry)])
     pub = app.publisher(stream_prefix=prefix, group=group)
     policy = FailurePolicy(max_attempts=1)
 
@@ -422,14 +406,14 @@ async def test_batch_middleware_sees_one_outcome_per_entry(
 
 @standalone
 async def test_batch_span_links_every_producer_and_debug_spans_cover_heartbeats_and_reads(
-    coordinator: CoordinatorProcess, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
+    admin: Admin, names: tuple[str, str], make_app: InProcessApp
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 1)
     exporter, provider = recording()
     tracer = provider.get_tracer("streamkit")
-    app = StreamKit(
-        **in_process_settings(coordinator, any_redis, "batchspan"),
+    app = make_app(
+        "batchspan",
         middlewares=[TracingMiddleware(tracer=tracer)],
         debug_tracer=provider.get_tracer("streamkit.debug"),
     )

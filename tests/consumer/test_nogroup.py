@@ -9,27 +9,24 @@ from typing import Any
 import anyio
 import pytest
 
-from streamkit import Message, StreamKit
-from streamkit.testing import RedisTarget
-from streamkit.testing.coordinator import CoordinatorProcess
+from streamkit import Message
 
-from .support import Admin, MemoryRecorder, eventually, in_process_settings, serving
+from .support import Admin, InProcessApp, MemoryRecorder, eventually, serving
 
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 async def test_missing_group_backs_off_and_recovers(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
     caplog: pytest.LogCaptureFixture,
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 2)
     recorder = MemoryRecorder()
     handled: list[str] = []
-    app = StreamKit(read_observer=recorder, **in_process_settings(coordinator, any_redis, "ng"))
+    app = make_app("ng", read_observer=recorder)
 
     @app.stream_listener(stream_prefix=prefix, group=group, batch_size=10, max_in_flight=10)
     async def handle(msg: Message) -> None:

@@ -8,16 +8,14 @@ from typing import Any
 import anyio
 import pytest
 
-from streamkit import Message, ShardContext, StreamKit
-from streamkit.testing import RedisTarget
-from streamkit.testing.coordinator import CoordinatorProcess
+from streamkit import Message, ShardContext
 
 from .support import (
     Admin,
+    InProcessApp,
     MemoryRecorder,
     all_acked,
     eventually,
-    in_process_settings,
     overlapping_reads,
     serving,
     settled_ownership,
@@ -77,21 +75,18 @@ class OwnReader:
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 async def test_custom_reader_shares_a_group_with_the_poller(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, SHARDS)
     recorder = MemoryRecorder()
     reader = OwnReader(recorder)
-    own = StreamKit(**in_process_settings(coordinator, any_redis, "own"))
+    own = make_app("own")
     own.shard_listener(stream_prefix=prefix, group=group, concurrency=2, lifecycle=reader)
-    builtin = StreamKit(
-        read_observer=recorder, **in_process_settings(coordinator, any_redis, "kit")
-    )
+    builtin = make_app("kit", read_observer=recorder)
     polled: set[str] = set()
 
     @builtin.stream_listener(stream_prefix=prefix, group=group)

@@ -8,12 +8,10 @@ from typing import Any
 import anyio
 import pytest
 
-from streamkit import Message, StreamKit
+from streamkit import Message
 from streamkit.consumer.failure import FailurePolicy
-from streamkit.testing import RedisTarget
-from streamkit.testing.coordinator import CoordinatorProcess
 
-from .support import Admin, eventually, in_process_settings, serving
+from .support import Admin, InProcessApp, eventually, serving
 
 standalone = pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 
@@ -21,12 +19,11 @@ standalone = pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 @standalone
 @pytest.mark.parametrize("ordered", [True, False])
 async def test_last_acked_id_is_the_latest_entry_handled(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
     ordered: bool,
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 1)
@@ -34,7 +31,7 @@ async def test_last_acked_id_is_the_latest_entry_handled(
     # flush carries acks of entries on both sides of the dead letter.
     values = [*(str(i) for i in range(23)), "bad", "23", "24"]
     ids = [await redis.xadd(f"{prefix}:0", {"n": n}) for n in values]
-    app = StreamKit(**in_process_settings(coordinator, any_redis, "progress"))
+    app = make_app("progress")
     handled: list[str] = []
 
     @app.stream_listener(

@@ -18,7 +18,7 @@ from streamkit import Message, StreamKit
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .support import Admin, all_acked, eventually, in_process_settings, serving
+from .support import Admin, InProcessApp, all_acked, eventually, in_process_settings, serving
 
 SHARDS = 4
 
@@ -112,12 +112,11 @@ async def test_one_read_per_entry_at_low_load(
 
 @pytest.mark.parametrize("held", [False, True], ids=["idle-shards", "handler-running"])
 async def test_stop_flushes_acks_still_riding_with_a_read(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
     held: bool,
+    make_app: InProcessApp,
 ) -> None:
     """A drain (graceful stop) sends the acks that were waiting for the next
     read (or whose pipeline it interrupted) before the shards are given back."""
@@ -125,7 +124,7 @@ async def test_stop_flushes_acks_still_riding_with_a_read(
     await admin.create_group(prefix, group, SHARDS)
     handled: list[str] = []
     release = anyio.Event()
-    app = StreamKit(**in_process_settings(coordinator, any_redis, "trips-stop"))
+    app = make_app("trips-stop")
 
     @app.stream_listener(stream_prefix=prefix, group=group)
     async def handle(msg: Message) -> None:

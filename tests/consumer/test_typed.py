@@ -12,13 +12,12 @@ from dependency_injector import containers, providers
 from dependency_injector.wiring import Provide, inject
 from pydantic import BaseModel
 
-from streamkit import Message, Publisher, StreamKit
+from streamkit import Message, Publisher
 from streamkit.consumer.failure import FailurePolicy, dead_letter_key
 from streamkit.coordinator_client import CoordinatorClient
-from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .support import Admin, dead_letters, eventually, in_process_settings, serving, text
+from .support import Admin, InProcessApp, dead_letters, eventually, serving, text
 
 pytestmark = pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 
@@ -47,10 +46,10 @@ async def letters(redis: Any, key: str) -> dict[str, dict[str, str]]:
 
 async def test_typed_handler_with_di_and_an_invalid_payload(
     coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 1)
@@ -64,7 +63,7 @@ async def test_typed_handler_with_di_and_an_invalid_payload(
         no_field = await publisher.publish("o-4", {"other": "x"})
         await publisher.aclose()
 
-    app = StreamKit(container=Services(), **in_process_settings(coordinator, any_redis, "typed"))
+    app = make_app("typed", container=Services())
     app.add_listener(prefix, group, on_order)
     dlq = dead_letter_key(prefix, group)
 
@@ -91,11 +90,10 @@ async def test_typed_handler_with_di_and_an_invalid_payload(
 
 
 async def test_typed_handler_without_the_message_is_auto_acked(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 1)
@@ -104,7 +102,7 @@ async def test_typed_handler_without_the_message_is_auto_acked(
         await redis.xadd(f"{prefix}:0", {"payload": order.model_dump_json()})
     orders: list[Order] = []
 
-    app = StreamKit(**in_process_settings(coordinator, any_redis, "bare"))
+    app = make_app("bare")
 
     @app.stream_listener(stream_prefix=prefix, group=group)
     def handle(order: Order) -> None:  # sync: runs in a worker thread
@@ -122,12 +120,11 @@ async def test_typed_handler_without_the_message_is_auto_acked(
 
 @pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "unordered"])
 async def test_batch_handlers_settle_per_entry(
-    coordinator: CoordinatorProcess,
-    any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
     ordered: bool,
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 1)
@@ -140,7 +137,7 @@ async def test_batch_handlers_settle_per_entry(
     batches: list[list[tuple[str, int, int]]] = []
     policy = FailurePolicy(max_attempts=2, backoff_initial_ms=20)
 
-    app = StreamKit(**in_process_settings(coordinator, any_redis, "batch"))
+    app = make_app("batch")
 
     @app.stream_listener(
         stream_prefix=prefix, group=group, batch_size=5, ordered=ordered, failure_policy=policy

@@ -97,6 +97,37 @@ def one_processor_per_shard(sink: Sink) -> None:
     assert not overlaps, overlaps[:5]
 
 
+async def scale_under_load(
+    coord: CoordinatorProcess,
+    any_redis: RedisTarget,
+    admin: Admin,
+    r: AsyncRedisClient,
+    prefix: str,
+    shards: int,
+    to: int,
+) -> tuple[Sink, Traffic, str, float]:
+    """Three consumers and a steady publisher on ``shards`` shards, scaled to
+    ``to`` under load; returns once the migration is DEPRECATED and everything
+    published was handled and acked: (sink, traffic, request id, switch time)."""
+    await admin.create_group(prefix, "g", shards)
+    sink = Sink()
+    apps = [consumer(coord, any_redis, f"c{i}", prefix, "g", sink) for i in range(3)]
+    traffic = Traffic(publisher(coord, any_redis, prefix, "g"))
+    async with serving(*apps):
+        await settled(admin, prefix, "g", 3, shards)
+        async with publishing(traffic):
+            await anyio.sleep(1.0)
+            switch = time.time()
+            rid = await admin.scale_ok(prefix, to)
+            await admin.wait_state(prefix, ["g"], rid, "DEPRECATED", within=15)
+            await anyio.sleep(0.5)
+        await all_handled(sink, traffic.published)
+        await fully_acked(r, [f"{prefix}:{s}" for s in range(to)])
+    assert (await admin.routing(prefix, "g"))["shardCount"] == to
+    one_processor_per_shard(sink)
+    return sink, traffic, rid, switch
+
+
 async def test_scale_out_under_load(
     coord: CoordinatorProcess,
     any_redis: RedisTarget,
@@ -105,28 +136,13 @@ async def test_scale_out_under_load(
     prefix: str,
     report: Report,
 ) -> None:
-    await admin.create_group(prefix, "g", 4)
-    sink = Sink()
-    apps = [consumer(coord, any_redis, f"c{i}", prefix, "g", sink) for i in range(3)]
-    traffic = Traffic(publisher(coord, any_redis, prefix, "g"))
-    async with serving(*apps):
-        await settled(admin, prefix, "g", 3, 4)
-        async with publishing(traffic):
-            await anyio.sleep(1.0)
-            rid = await admin.scale_ok(prefix, 8)
-            await admin.wait_state(prefix, ["g"], rid, "DEPRECATED", within=15)
-            await anyio.sleep(0.5)
-        await all_handled(sink, traffic.published)
-        await fully_acked(r, [f"{prefix}:{s}" for s in range(8)])
-    routing = await admin.routing(prefix, "g")
-    assert routing["shardCount"] == 8
+    sink, traffic, _, _ = await scale_under_load(coord, any_redis, admin, r, prefix, 4, 8)
     on_new = [n for n, res in traffic.published.items() if res.shard_index >= 4]
     assert on_new, "the publisher never used the new shards"
     assert not traffic.refused
     report("scale_out.published", len(traffic.published))
     report("scale_out.on_added_shards", len(on_new))
     report("scale_out.duplicates", duplicates(sink))
-    one_processor_per_shard(sink)
 
 
 async def test_scale_in_under_load(
@@ -137,21 +153,8 @@ async def test_scale_in_under_load(
     prefix: str,
     report: Report,
 ) -> None:
-    await admin.create_group(prefix, "g", 8)
-    sink = Sink()
-    apps = [consumer(coord, any_redis, f"c{i}", prefix, "g", sink) for i in range(3)]
-    traffic = Traffic(publisher(coord, any_redis, prefix, "g"))
     removed = {f"{prefix}:{s}" for s in range(3, 8)}
-    async with serving(*apps):
-        await settled(admin, prefix, "g", 3, 8)
-        async with publishing(traffic):
-            await anyio.sleep(1.0)
-            switch = time.time()
-            rid = await admin.scale_ok(prefix, 3)
-            await admin.wait_state(prefix, ["g"], rid, "DEPRECATED", within=15)
-            await anyio.sleep(0.5)
-        await all_handled(sink, traffic.published)
-        await fully_acked(r, [f"{prefix}:{s}" for s in range(3)])
+    sink, traffic, rid, switch = await scale_under_load(coord, any_redis, admin, r, prefix, 8, 3)
     assert await r.exists(*removed) == 0
     migration = await admin.migration(prefix, "g", rid)
     assert migration["retiredShards"] == [3, 4, 5, 6, 7]
@@ -160,12 +163,10 @@ async def test_scale_in_under_load(
     after_switch = len(to_removed) - len(before_switch)
     # Written to a removed shard before the switch, and still consumed.
     assert before_switch and set(to_removed) <= set(sink.counts())
-    assert (await admin.routing(prefix, "g"))["shardCount"] == 3
     report("scale_in.published", len(traffic.published))
     report("scale_in.to_removed_before_switch", len(before_switch))
     report("scale_in.to_removed_after_switch(cached routing)", after_switch)
     report("scale_in.duplicates", duplicates(sink))
-    one_processor_per_shard(sink)
 
 
 def start_app(

@@ -1,0 +1,289 @@
+"""The Redis commands of one shard for one member: reads, claims, acks, dead letters.
+
+A :class:`ShardIO` knows the shard's key, the consumer group, the member's
+consumer name and how to talk to this Redis; it decides nothing (when to
+read, what to ack, what to dead-letter: ``streamkit.consumer.shard_reader``).
+Each command is encoded in one place:
+
+* ``XREADGROUP`` (:func:`xreadgroup_command`), sent over streamkit's lean
+  pipeline on a standalone Redis (``streamkit.connections.send_commands``: no
+  timer per reply, no per-command bookkeeping on a consumer's hottest round
+  trip) and through redis-py on a cluster; the acks of the last read ride
+  along in the same round trip (one key, so one node in a cluster too);
+* the dead letter's ``XADD`` (:meth:`ShardIO.dead_letter_command`);
+* the settling of acked, ack-deleted and dead-lettered entries
+  (:meth:`ShardIO.settle`), which is where ``XACKDEL`` (Redis 8.2+) or
+  ``XACK`` + ``XDEL`` in one ``MULTI`` is chosen.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as redis_asyncio
+from redis.exceptions import RedisError, ResponseError
+
+from streamkit.connections import AsyncRedis, send_commands
+
+__all__ = [
+    "END_OF_PEL",
+    "Entry",
+    "LeaseCut",
+    "ShardIO",
+    "id_key",
+    "later_id",
+    "read_entries",
+    "supports_xackdel",
+    "xreadgroup_command",
+]
+
+log = logging.getLogger("streamkit.poller")
+
+#: A stream entry as Redis returns it: (id, fields; None for a trimmed pending entry).
+Entry = tuple[bytes, Any]
+#: The cursor ``XAUTOCLAIM`` answers once the pending list was walked through.
+END_OF_PEL = b"0-0"
+
+
+class LeaseCut(Exception):
+    """A Redis command was abandoned because the assignment lease ended."""
+
+
+def id_key(entry_id: bytes) -> tuple[int, int]:
+    """An entry id as a sortable pair (stream order)."""
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)
+
+
+def later_id(a: bytes | None, b: bytes) -> bytes:
+    """The later of two entry ids (``a`` may be None: none yet)."""
+    return b if a is None or id_key(b) > id_key(a) else a
+
+
+def xreadgroup_command(
+    group: str, consumer: str, key: str, count: int, block_ms: int | None
+) -> tuple[Any, ...]:
+    """``XREADGROUP`` of new entries of one stream (``>``)."""
+    command: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", count)
+    if block_ms is not None:
+        command += ("BLOCK", block_ms)
+    return (*command, "STREAMS", key, ">")
+
+
+def read_entries(reply: Any, *, raw: bool) -> list[Entry]:
+    """The entries of a one-stream ``XREADGROUP`` reply.
+
+    ``raw``: the reply as Redis sent it (the lean pipeline: field lists); else
+    as redis-py parsed it (fields as dicts).  RESP2 lists and RESP3 maps alike;
+    None or empty: nothing arrived.
+    """
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        entries: Any = next(iter(reply.values()))
+        if not raw:
+            entries = entries[0]  # redis-py wraps a stream's entries in a list
+    else:
+        entries = reply[0][1]
+    if not raw:
+        parsed: list[Entry] = entries
+        return parsed
+    out: list[Entry] = []
+    for entry_id, flat in entries:
+        if flat is None:  # a pending entry trimmed away
+            out.append((entry_id, None))
+        else:
+            pairs = iter(flat)
+            out.append((entry_id, dict(zip(pairs, pairs, strict=True))))
+    return out
+
+
+async def supports_xackdel(redis: AsyncRedis) -> bool:
+    """Whether the server has ``XACKDEL`` (Redis 8.2+); decided once at start-up.
+
+    Probes with an ``XACKDEL`` on a key that does not exist, which changes
+    nothing where the command exists.  ``COMMAND INFO`` would be the polite
+    question, but redis-py cannot parse its answer for an unknown command.
+    """
+    try:
+        await redis.execute_command("XACKDEL", "streamkit:probe:xackdel", "probe", "IDS", 1, "0-1")
+    except ResponseError as exc:
+        if "unknown command" in str(exc).lower():
+            return False
+        raise
+    return True
+
+
+class ShardIO:
+    """One shard's commands, for one member (its consumer name)."""
+
+    def __init__(
+        self,
+        redis: AsyncRedis,
+        *,
+        stream_key: str,
+        consumer_group: str,
+        member_id: str,
+        xackdel: bool,
+        dead_letter_key: str,
+        dead_letter_maxlen: int,
+    ) -> None:
+        self.redis = redis
+        self.stream_key = stream_key
+        self.consumer_group = consumer_group
+        self.member_id = member_id
+        self.xackdel = xackdel
+        self.dead_letter_key = dead_letter_key
+        self._dead_letter_head = ("XADD", dead_letter_key, "MAXLEN", "~", dead_letter_maxlen, "*")
+        #: Redis Cluster: a dead letter and its shard are in different slots.
+        self.cluster = isinstance(redis, redis_asyncio.RedisCluster)
+
+    # -- reads -------------------------------------------------------------------
+
+    async def read(
+        self, count: int, block_ms: int | None, acks: Sequence[bytes]
+    ) -> tuple[Any, list[Entry] | Exception]:
+        """``XREADGROUP`` of up to ``count`` new entries, after an ``XACK`` of
+        ``acks`` in the same round trip.
+
+        Returns the ``XACK``'s reply (None without acks; an exception if it
+        failed) and the entries, or the read's error reply.  A failed round
+        trip raises.
+        """
+        read = xreadgroup_command(
+            self.consumer_group, self.member_id, self.stream_key, count, block_ms
+        )
+        if acks:
+            ack = ("XACK", self.stream_key, self.consumer_group, *acks)
+            ack_reply, reply = await send_commands(self.redis, [ack, read])
+        else:
+            ack_reply, reply = None, (await send_commands(self.redis, [read]))[0]
+        if isinstance(reply, Exception):
+            return ack_reply, reply
+        # send_commands hands back what Redis sent on a standalone server and
+        # what redis-py's callbacks made of it on a cluster.
+        return ack_reply, read_entries(reply, raw=not self.cluster)
+
+    async def autoclaim(self, cursor: bytes, count: int) -> tuple[bytes, list[Entry]]:
+        """One ``XAUTOCLAIM`` step (min-idle 0): the next cursor and the entries
+        still there (trimmed ones are left out)."""
+        reply: Any = await self.redis.xautoclaim(
+            self.stream_key, self.consumer_group, self.member_id, 0, cursor, count=count
+        )
+        return reply[0], [e for e in reply[1] if e[1] is not None]
+
+    async def claim(self, ids: Sequence[bytes]) -> list[Entry]:
+        """Fetch our own pending entries again (``XCLAIM`` to ourselves, min-idle 0).
+
+        Redis adds one to each entry's delivery counter: that is the attempt
+        count a retry is known by, on this member or the next owner.
+        """
+        reply: Any = await self.redis.xclaim(
+            self.stream_key, self.consumer_group, self.member_id, 0, list[Any](ids)
+        )
+        return [e for e in reply if e[1] is not None]
+
+    async def claim_and_read(
+        self, ids: Sequence[bytes], more: int
+    ) -> tuple[list[Entry], list[Entry]]:
+        """``claim(ids)`` and an ``XREADGROUP`` of up to ``more`` new entries, in
+        one round trip (one key, so one node in a cluster too)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xclaim(self.stream_key, self.consumer_group, self.member_id, 0, list[Any](ids))
+        if more > 0:
+            pipe.execute_command(
+                *xreadgroup_command(
+                    self.consumer_group, self.member_id, self.stream_key, more, None
+                )
+            )
+        replies = await pipe.execute()
+        claimed: list[Entry] = [e for e in replies[0] if e[1] is not None]
+        fresh = read_entries(replies[1], raw=False) if more > 0 else []
+        return claimed, fresh
+
+    async def delivery_counts(self, entries: Sequence[Entry]) -> dict[bytes, int] | None:
+        """Redis' delivery counter of each entry (``XPENDING`` per id, one round
+        trip); None if Redis failed."""
+        pipe = self.redis.pipeline(transaction=False)
+        for entry_id, _ in entries:
+            pipe.xpending_range(self.stream_key, self.consumer_group, entry_id, entry_id, 1)
+        try:
+            replies = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            log.warning("%s: no delivery counts for %s: %r", self.member_id, self.stream_key, exc)
+            return None
+        counts: dict[bytes, int] = {}
+        for (entry_id, _), reply in zip(entries, replies, strict=True):
+            # A claimed entry was delivered at least once before this claim.
+            counts[entry_id] = int(reply[0]["times_delivered"]) if reply else 2
+        return counts
+
+    async def forget_idle_consumers(self) -> None:
+        """Delete the other Redis consumers of this shard that hold nothing.
+
+        Member ids are drawn anew on every start, so without this the group's
+        consumer list grows with every restart.  Safe once we hold the shard
+        and claimed its leftovers: no other member reads it while we do, so an
+        empty consumer stays empty until we delete it (a consumer that still
+        has pending entries is kept: deleting it would drop them unredelivered).
+        A member given the shard later simply creates its consumer again.
+        """
+        try:
+            consumers = await self.redis.xinfo_consumers(self.stream_key, self.consumer_group)
+            for consumer in consumers:
+                name = consumer["name"]
+                name = name.decode() if isinstance(name, bytes) else str(name)
+                if name != self.member_id and int(consumer["pending"]) == 0:
+                    await self.redis.xgroup_delconsumer(self.stream_key, self.consumer_group, name)
+        except RedisError as exc:  # housekeeping only: try again on the next grant
+            log.debug("%s: consumers of %s kept: %r", self.member_id, self.stream_key, exc)
+
+    # -- settling --------------------------------------------------------------------
+
+    def dead_letter_command(self, fields: dict[Any, Any]) -> tuple[Any, ...]:
+        """The ``XADD`` of one dead letter (``MAXLEN ~`` the policy's bound)."""
+        return (*self._dead_letter_head, *(x for pair in fields.items() for x in pair))
+
+    async def dead_letter(self, fields: dict[Any, Any]) -> None:
+        """Write one dead letter on its own (a cluster: see ``settle``)."""
+        await self.redis.execute_command(*self.dead_letter_command(fields))
+
+    async def settle(
+        self,
+        acks: Sequence[bytes],
+        dels: Sequence[bytes],
+        letters: Sequence[tuple[dict[Any, Any], bytes]],
+    ) -> None:
+        """Ack ``acks``, ack and delete ``dels``, and write each dead letter of
+        ``letters`` (fields, entry id) then ack its entry, in one round trip.
+
+        Dead letters and their acks go in one ``MULTI``, so an entry is never
+        acked without its dead letter (standalone Redis only: in a cluster the
+        two keys live in different slots).  Deletes use ``XACKDEL`` where the
+        server has it, else ``XACK`` + ``XDEL`` in one ``MULTI`` on the shard
+        key (a single slot, so valid in a cluster too).
+        """
+        commands = [self.dead_letter_command(fields) for fields, _ in letters]
+        acked = [*acks, *(entry_id for _, entry_id in letters)]
+        atomic = bool(letters)
+        if dels and not self.xackdel:
+            acked += dels
+            atomic = True
+        if acked:
+            commands.append(("XACK", self.stream_key, self.consumer_group, *acked))
+        if dels:
+            if self.xackdel:
+                commands.append(
+                    ("XACKDEL", self.stream_key, self.consumer_group, "IDS", len(dels), *dels)
+                )
+            else:
+                commands.append(("XDEL", self.stream_key, *dels))
+        if len(commands) == 1 and not atomic:
+            await self.redis.execute_command(*commands[0])
+            return
+        pipe = self.redis.pipeline(transaction=atomic)
+        for command in commands:
+            pipe.execute_command(*command)
+        await pipe.execute()
