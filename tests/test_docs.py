@@ -106,7 +106,38 @@ def test_setting_row_matches_the_code(name: str) -> None:
     assert default == _expected_default(name), (
         f"{_env(name)}: docs say default {default!r}, settings.py has {_expected_default(name)!r}"
     )
-    assert meaning, f"{_env(name)} has no description"
+    # One text: the Field's description is both this cell and the --help line.
+    described = ServerSettings.model_fields[name].description
+    assert described, f"{name} has no description in streamkit_server/settings.py"
+    assert _raw_meaning(_env(name)) == described, (
+        f"{_env(name)}: the Meaning cell of docs/operations.md differs from the description "
+        "in streamkit_server/settings.py (which streamkit-server --help prints); make them equal"
+    )
+    assert meaning
+
+
+def _raw_meaning(env: str) -> str:
+    """The last cell of the setting's row, with its markdown (backticks) intact."""
+    for line in OPERATIONS.read_text(encoding="utf-8").splitlines():
+        if line.startswith(f"| `{env}` |"):
+            return re.split(r"(?<!\\)\|", line.strip().strip("|"))[-1].strip()
+    raise AssertionError(f"no row for {env}")
+
+
+def test_server_help_describes_every_option() -> None:
+    from streamkit_server.cli import option_help
+
+    result = subprocess.run(
+        [sys.executable, "-m", "streamkit_server", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "4000"},  # one line per option, as wide as it takes
+    )
+    assert result.returncode == 0, result.stderr
+    for name in ServerSettings.model_fields:
+        assert option_help(name) in result.stdout, f"--help lacks the text of {name}"
+        assert "env STREAMKIT_SERVER_" in option_help(name)
 
 
 # -- metrics and error codes -------------------------------------------------------------
