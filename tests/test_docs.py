@@ -7,7 +7,8 @@
   the server's OpenAPI document;
 * every ``python`` code block in ``docs/*.md`` and ``README.md`` compiles, and
   its ``streamkit``/``streamkit_server`` imports resolve (a block preceded by a
-  ``<!-- no-test -->`` line is skipped);
+  ``<!-- no-test -->`` line is skipped); a block that starts with an import is
+  a complete program and uses no name it does not define or import;
 * ``mkdocs build --strict`` succeeds (broken links and anchors included).
 
 None of these tests needs Redis.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -343,6 +345,34 @@ def test_python_code_block(block: CodeBlock) -> None:
             for alias in node.names:
                 if _is_ours(alias.name):
                     importlib.import_module(alias.name)
+
+
+def _complete_program(block: CodeBlock) -> bool:
+    """A block that starts with an import is a program, not a fragment."""
+    try:
+        body = ast.parse(block.source).body
+    except SyntaxError:
+        return False
+    return bool(body) and isinstance(body[0], ast.Import | ast.ImportFrom)
+
+
+def test_complete_programs_define_every_name(tmp_path: Path) -> None:
+    """What a reader copies into a file runs as is: no name used but never defined."""
+    programs = {tmp_path / f"block{i}.py": b for i, b in enumerate(_BLOCKS) if _complete_program(b)}
+    assert len(programs) >= 10, "the scanner found too few complete programs"
+    for path, block in programs.items():
+        path.write_text(block.source, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache",
+         "--select", "F821,F822,F823", "--output-format", "json", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    problems = [
+        f"{programs[Path(e['filename'])].where} (line {e['location']['row']} of the block): "
+        f"{e['message']}"
+        for e in json.loads(result.stdout or "[]")
+    ]
+    assert not problems, "doc programs that do not run as written:\n" + "\n".join(problems)
 
 
 # -- (d) the site builds ---------------------------------------------------------------------

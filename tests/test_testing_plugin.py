@@ -4,7 +4,10 @@ an app runs in the test's event loop on the session's real redis-server and coor
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +127,26 @@ async def test_kill_and_restart_move_shards_and_redeliver_unacked(
         await harness.drain()
     assert [n for _, n in done].count("held") == 1
     assert "after" in [n for _, n in done]
+
+
+@pytest.mark.redis  # the fresh project's session starts its own redis-server
+@pytest.mark.parametrize("config", ["toml", "ini"])
+def test_the_docs_project_runs_as_written(config: str, tmp_path: Path) -> None:
+    """A new project holding only the guide's config block and its test file
+    passes: the page starts with everything pytest needs."""
+    text = DOC.read_text()
+    (block,) = re.findall(rf"```{config}\n(.*?)```", text, re.S)
+    (tests,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    (tmp_path / ("pyproject.toml" if config == "toml" else "pytest.ini")).write_text(block)
+    (tmp_path / "test_orders.py").write_text(tests)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMKIT_", "PYTEST_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout, result.stdout
