@@ -131,7 +131,7 @@ class AppDeclarations:
         shards, extra = self._streams[prefix]
         used = [x.consumer_group for x in self._listeners if x.stream_prefix == prefix]
         used += [p.consumer_group for p in self._publishers if p.stream_prefix == prefix]
-        return StreamDeclaration(prefix, shards, tuple(dict.fromkeys((*extra, *used))))
+        return StreamDeclaration(prefix, shards, tuple(dict.fromkeys((*used, *extra))))
 
     # -- listeners -----------------------------------------------------------------
 
