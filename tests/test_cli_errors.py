@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from consumer.support import app_env
 from helpers import create_group
 
 from streamkit.testing import RedisTarget, free_port
@@ -228,25 +229,13 @@ def test_debug_shows_the_traceback(how: str, apps: Path) -> None:
 # -- failures that need a coordinator ---------------------------------------------------
 
 
-def _client_env(coordinator: Any, redis: RedisTarget, **extra: str) -> dict[str, str]:
-    user, password = coordinator.admin_auth
-    return {
-        "STREAMKIT_COORDINATOR_URL": coordinator.url,
-        "STREAMKIT_COORDINATOR_USERNAME": user,
-        "STREAMKIT_COORDINATOR_PASSWORD": password,
-        "STREAMKIT_REDIS_URL": redis.url,
-        "STREAMKIT_REDIS_CLUSTER": "true" if redis.cluster else "false",
-        **extra,
-    }
-
-
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 async def test_failures_against_a_coordinator(
     coordinator: Any, any_redis: RedisTarget, apps: Path
 ) -> None:
     prefix, group = f"errs-{uuid.uuid4().hex[:8]}", "billing"
     await create_group(coordinator, prefix, group, 2)
-    env = _client_env(coordinator, any_redis)
+    env = app_env(coordinator, any_redis, base="errs", prefix=prefix, group=group, record=apps)
     # A publisher whose Redis does not answer (the coordinator does).
     result = streamkit(
         ["publish", prefix, group, "k", "a=1"],

@@ -104,7 +104,7 @@ async def _watch(
     from rich.live import Live
 
     from streamkit.errors import StreamkitError
-    from streamkit.status import plain_lines, render
+    from streamkit.status import headline, plain_lines, render
 
     found = first
     live = Live(render(found), console=console, auto_refresh=False) if console.is_terminal else None
@@ -112,7 +112,7 @@ async def _watch(
         while True:
             stamp = time.strftime("%H:%M:%S")
             if live is not None:
-                live.update(render(found, head=f"{stamp}  {_headline(found)}"), refresh=True)
+                live.update(render(found, head=f"{stamp}  {headline(found)}"), refresh=True)
             else:
                 for line in plain_lines(found):
                     typer.echo(f"{stamp} {line}")
@@ -121,9 +121,3 @@ async def _watch(
                 found = await _fetch(client, settings, stream_prefix, group)
             except StreamkitError as exc:  # a coordinator restart: say so, keep watching
                 typer.echo(f"{time.strftime('%H:%M:%S')} cannot refresh: {exc}", err=True)
-
-
-def _headline(found: GroupStatus) -> str:
-    from streamkit.status import headline
-
-    return headline(found)

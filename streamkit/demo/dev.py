@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from streamkit.app import StreamKit
     from streamkit.testing.coordinator import CoordinatorProcess
 
-__all__ = ["DevError", "DevOptions", "run_dev"]
+__all__ = ["DevError", "DevOptions", "client_env", "run_dev"]
 
 log = logging.getLogger("streamkit.dev")
 
@@ -63,13 +63,7 @@ def run_dev(options: DevOptions) -> int:
         redis_url = options.redis_url or _private_redis(stack)
         password = secrets.token_urlsafe(12)
         coordinator = _coordinator(stack, redis_url, options, password)
-        settings = {
-            "STREAMKIT_COORDINATOR_URL": coordinator.url,
-            "STREAMKIT_COORDINATOR_USERNAME": coordinator.admin_username,
-            "STREAMKIT_COORDINATOR_PASSWORD": password,
-            "STREAMKIT_REDIS_URL": redis_url,
-            "STREAMKIT_REDIS_CLUSTER": "true" if options.redis_cluster else "false",
-        }
+        settings = client_env(coordinator, redis_url, options.redis_cluster)
         _announce(coordinator.url, redis_url, options.redis_url is None, password, settings)
         if options.env_file is not None:
             stack.enter_context(_settings_file(options.env_file, settings))
@@ -89,6 +83,18 @@ def run_dev(options: DevOptions) -> int:
     what = "the coordinator and Redis" if options.redis_url is None else "the coordinator"
     log.info("stopped the app, %s", what)
     return status
+
+
+def client_env(coordinator: CoordinatorProcess, redis_url: str, cluster: bool) -> dict[str, str]:
+    """The ``STREAMKIT_*`` settings of a client of ``coordinator`` (as its admin)."""
+    user, password = coordinator.admin_auth
+    return {
+        "STREAMKIT_COORDINATOR_URL": coordinator.url,
+        "STREAMKIT_COORDINATOR_USERNAME": user,
+        "STREAMKIT_COORDINATOR_PASSWORD": password,
+        "STREAMKIT_REDIS_URL": redis_url,
+        "STREAMKIT_REDIS_CLUSTER": "true" if cluster else "false",
+    }
 
 
 def _private_redis(stack: contextlib.ExitStack) -> str:
