@@ -46,18 +46,34 @@ STREAMKIT = [str(Path(sys.executable).with_name("streamkit"))]
 ORDERS, BILLING, BILLED = "orders", "billing", "samples:orders:billed"
 
 
-def median_s(runs: int, once: Callable[[], float]) -> float:
-    return statistics.median(once() for _ in range(runs))
+Sample = tuple[float, float | None]  # wall seconds, CPU seconds of the process (if known)
 
 
-def wall(command: list[str], env: dict[str, str] | None = None) -> float:
+def median(runs: int, once: Callable[[], Sample]) -> Sample:
+    samples = [once() for _ in range(runs)]
+    cpu = [c for _, c in samples if c is not None]
+    return statistics.median(w for w, _ in samples), statistics.median(cpu) if cpu else None
+
+
+def wall(command: list[str], env: dict[str, str] | None = None) -> Sample:
+    """Wall time of the command, and the CPU (user + system) it used."""
     started = time.perf_counter()
-    subprocess.run(command, env=env, cwd=ROOT, capture_output=True, check=False, timeout=60)
-    return time.perf_counter() - started
+    proc = subprocess.Popen(
+        command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return elapsed, usage.ru_utime + usage.ru_stime
 
 
-def until_line(command: list[str], env: dict[str, str], needle: str) -> float:
-    """Seconds from the process start to ``needle`` on its stderr; then SIGTERM."""
+def _cpu_so_far(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def until_line(command: list[str], env: dict[str, str], needle: str) -> Sample:
+    """Seconds (and CPU) from the process start to ``needle`` on its stderr; then SIGTERM."""
     started = time.perf_counter()
     proc = subprocess.Popen(
         command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -66,7 +82,7 @@ def until_line(command: list[str], env: dict[str, str], needle: str) -> float:
     try:
         for line in proc.stderr:
             if needle in line:
-                return time.perf_counter() - started
+                return time.perf_counter() - started, _cpu_so_far(proc.pid)
         raise RuntimeError(f"{command} ended without {needle!r}")
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -74,7 +90,7 @@ def until_line(command: list[str], env: dict[str, str], needle: str) -> float:
         proc.stderr.close()
 
 
-def dev_first_order(env: dict[str, str], order_id: str) -> float:
+def dev_first_order(env: dict[str, str], order_id: str) -> Sample:
     """Seconds from ``streamkit dev`` to the first published order billed."""
     started = time.perf_counter()
     proc = subprocess.Popen(
@@ -99,7 +115,7 @@ def dev_first_order(env: dict[str, str], order_id: str) -> float:
         while not data.sismember(BILLED, order_id):
             time.sleep(0.01)
         data.close()
-        return time.perf_counter() - started
+        return time.perf_counter() - started, None  # three processes: no one CPU figure
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(60)
@@ -118,10 +134,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     runs = parser.parse_args().runs
     clean = {k: v for k, v in os.environ.items() if not k.startswith("STREAMKIT_")}
-    figures: dict[str, float] = {}
-    figures["python -c pass"] = median_s(runs, lambda: wall([sys.executable, "-c", "pass"]))
-    figures["streamkit --version"] = median_s(runs, lambda: wall([*STREAMKIT, "--version"]))
-    figures["streamkit --help"] = median_s(runs, lambda: wall([*STREAMKIT, "--help"]))
+    figures: dict[str, Sample] = {}
+    figures["python -c pass"] = median(runs, lambda: wall([sys.executable, "-c", "pass"]))
+    figures["streamkit --version"] = median(runs, lambda: wall([*STREAMKIT, "--version"]))
+    figures["streamkit --help"] = median(runs, lambda: wall([*STREAMKIT, "--help"]))
     with (
         RedisServer() as server,
         CoordinatorProcess(server.url, heartbeat_interval_ms=3_000, member_lease_ttl_ms=15_000,
@@ -137,26 +153,28 @@ def main() -> None:
         }
         run = [*STREAMKIT, "run", "samples.orders.app:app"]
         # The first start creates the sample's streams (8 shards for orders).
-        first = until_line(run, env, "assigned shards")
-        figures["streamkit run: first heartbeat answered"] = median_s(
+        first, _ = until_line(run, env, "assigned shards")
+        figures["streamkit run: first heartbeat answered"] = median(
             runs, lambda: until_line(run, env, "assigned shards")
         )
         with subprocess.Popen(run, env=env, cwd=ROOT, stderr=subprocess.DEVNULL) as members:
             time.sleep(3)  # two members holding the 8 shards
             status = [*STREAMKIT, "status", ORDERS, BILLING]
-            figures["streamkit status (8 shards)"] = median_s(runs, lambda: wall(status, env))
+            figures["streamkit status (8 shards)"] = median(runs, lambda: wall(status, env))
             members.terminate()
     orders = iter(range(runs * 2))
-    figures["streamkit dev: first order handled"] = median_s(
+    figures["streamkit dev: first order handled"] = median(
         max(3, runs // 2), lambda: dev_first_order(clean, f"bench-{next(orders)}")
     )
-    base = figures["python -c pass"]
+    base, _ = figures["python -c pass"]
     load = os.getloadavg()[0]
     print(f"cli start-up, median of {runs} (load average {load:.1f}, {os.cpu_count()} CPUs)")
     print(f"  (first streamkit run, creating the streams: {first:.2f} s)")
-    for name, seconds in figures.items():
-        extra = "" if name == "python -c pass" else f"  (+{seconds - base:.2f} s over baseline)"
-        print(f"  {name:42s} {seconds:6.2f} s{extra}")
+    print(f"  {'':42s} {'wall':>7s} {'over base':>10s} {'CPU':>7s}")
+    for name, (seconds, cpu) in figures.items():
+        over = "" if name == "python -c pass" else f"+{seconds - base:.2f} s"
+        used = "-" if cpu is None else f"{cpu:.2f} s"
+        print(f"  {name:42s} {seconds:5.2f} s {over:>10s} {used:>7s}")
 
 
 if __name__ == "__main__":

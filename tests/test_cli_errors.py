@@ -141,7 +141,8 @@ CASES = [
         ["run", "missingdep:app"],
         ["missingdep.py:1:", "No module named 'no_such_dependency_xyz'"],
     ),
-    Case("syntax error", ["dev", "syntax:app"], ["syntax.py:1:", "invalid syntax"]),
+    Case("syntax error", ["run", "syntax:app"], ["syntax.py:1:", "invalid syntax"]),
+    Case("dev: module not found", ["dev", "nosuchmodule:app"], ["cannot import module"]),
     Case("not an app", ["run", "notanapp:app"], ["not a streamkit.StreamKit application"]),
     Case("attribute missing", ["run", "good:nope"], ["has no attribute 'nope'"]),
     Case("file name as target", ["dev", "good.py"], ["streamkit dev good:app"]),
@@ -173,6 +174,14 @@ CASES = [
     Case("publish without fields", ["publish", "orders", "billing", "k"], ["FIELD=VALUE"]),
     Case("publish bad payload", ["publish", "o", "b", "k", "--payload", "{"], ["not JSON"]),
     Case("bad ordering", ["stream", "create", "o", "--ordering", "x"], ["--ordering must be"]),
+    Case(
+        "misspelt option",
+        ["run", "good:app", "--wrokers", "2"],
+        ["No such option: --wrokers", "--workers", "streamkit run --help"],
+    ),
+    Case("missing argument", ["status", "orders"], ["Missing argument", "streamkit status --help"]),
+    Case("unknown command", ["sttus"], ["No such command 'sttus'"]),
+    Case("option out of range", ["run", "good:app", "--workers", "0"], ["--workers"]),
 ]
 
 

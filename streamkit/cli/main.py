@@ -70,14 +70,33 @@ cli.add_typer(dlq.dlq)
 def main() -> None:
     """The ``streamkit`` entry point."""
     try:
-        cli()
+        code = cli(standalone_mode=False)
     except SystemExit:
         raise
     except BaseException as exc:
         if debug_enabled():
             raise
-        from streamkit.cli.errors import describe
+        code = _usage_error(exc)
+        if code is None:
+            from streamkit.cli.errors import describe
 
-        message, code = describe(exc)
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        sys.exit(code)
+            message, code = describe(exc)
+            print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_error(exc: BaseException) -> int | None:
+    """A command line the parser refused (a misspelt option, a missing
+    argument): one line and its usage hint instead of click's block.  None
+    for anything else.  (typer's click is private: known by its shape.)"""
+    show, message = getattr(exc, "show", None), getattr(exc, "format_message", None)
+    if not callable(show) or not callable(message):
+        return None
+    code = int(getattr(exc, "exit_code", 2))
+    if type(exc).__name__ == "NoArgsIsHelpError":  # `streamkit stream`: the help is the answer
+        show()
+        return code
+    ctx = getattr(exc, "ctx", None)
+    hint = f" ({ctx.command_path} --help shows the usage)" if ctx is not None else ""
+    print(f"error: {message()}{hint}", file=sys.stderr, flush=True)
+    return code

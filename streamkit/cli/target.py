@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -15,15 +16,17 @@ from streamkit.errors import StreamkitError
 if TYPE_CHECKING:
     from streamkit.app import StreamKit
 
-__all__ = ["TargetError", "load_app"]
+__all__ = ["TargetError", "load_app", "parse_target"]
 
 
 class TargetError(StreamkitError):
     """``module:app`` does not name a StreamKit app, or importing it failed."""
 
 
-def load_app(target: str, command: str = "run") -> StreamKit:
-    """Import ``module:attribute`` (the current directory is importable).
+def parse_target(target: str, command: str = "run") -> tuple[str, str]:
+    """``(module, attribute)`` of ``module:attribute``, checked without importing
+    anything: a file name or a module that is not there fails here, before a
+    command starts what the app needs (``streamkit dev``).
 
     ``command`` is only used in the hint for a file name (``streamkit run x:app``).
     """
@@ -40,6 +43,18 @@ def load_app(target: str, command: str = "run") -> StreamKit:
         raise TargetError(f"{target!r} is not an import path; expected 'module:app'")
     if str(Path.cwd()) not in sys.path and "" not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
+    top = module_name.split(".")[0]
+    if top not in sys.modules and importlib.util.find_spec(top) is None:
+        raise TargetError(
+            f"cannot import module {module_name!r}: No module named {top!r} (run from the "
+            "directory that holds it, or put that directory on PYTHONPATH)"
+        )
+    return module_name, attribute
+
+
+def load_app(target: str, command: str = "run") -> StreamKit:
+    """Import ``module:attribute`` (the current directory is importable)."""
+    module_name, attribute = parse_target(target, command)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

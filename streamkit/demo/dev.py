@@ -57,8 +57,9 @@ class DevOptions:
 def run_dev(options: DevOptions) -> int:
     """Run until Ctrl-C (or SIGTERM); the exit status."""
     from streamkit.cli.run import serve_until_signalled
-    from streamkit.cli.target import load_app
+    from streamkit.cli.target import load_app, parse_target
 
+    parse_target(options.target, "dev")  # a typo fails before anything starts
     with contextlib.ExitStack() as stack:
         redis_url = options.redis_url or _private_redis(stack)
         password = secrets.token_urlsafe(12)
