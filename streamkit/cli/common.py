@@ -23,6 +23,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_USAGE",
     "LOG_LEVELS",
+    "check_log_level",
     "configure_logging",
     "debug_enabled",
     "fail",

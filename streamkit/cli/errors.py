@@ -8,6 +8,8 @@ one line too, with the way to see its traceback.
 
 from __future__ import annotations
 
+import sys
+
 from streamkit.cli.common import EXIT_FAILED, EXIT_USAGE
 from streamkit.errors import StreamkitError, first_leaf
 
@@ -35,8 +37,6 @@ def describe(exc: BaseException) -> tuple[str, int]:
 def _redis_error(exc: BaseException) -> str | None:
     """A redis-py failure no command turned into its own error (a connection
     that broke mid-command): name the setting, never the password."""
-    import sys
-
     if "redis" not in sys.modules:  # nothing used Redis: it cannot be its error
         return None
     from redis.exceptions import AuthenticationError, RedisError
