@@ -4,64 +4,57 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import inspect
 import logging
 import os
 import socket
 import sys
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from types import ModuleType, TracebackType
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 from anyio.abc import TaskGroup
-from dependency_injector import containers, providers
-from opentelemetry import trace
-from redis.exceptions import RedisError
+from dependency_injector import containers
 
 from streamkit.connections import AsyncRedis, connect_redis, redacted_url
 from streamkit.consumer.failure import FailurePolicy
-from streamkit.consumer.lifecycle import ShardLifecycle
-from streamkit.consumer.listener import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_BLOCK_MS,
-    Listener,
-    ListenerConfigError,
-    MessageHandler,
-)
+from streamkit.consumer.listener import Listener, ListenerConfigError
 from streamkit.consumer.member import MemberStateMachine, new_incarnation
-from streamkit.consumer.poller import ReadObserver, ShardPoller, supports_xackdel
-from streamkit.consumer.runtime import GroupNotFoundError, MemberRuntime
+from streamkit.consumer.poller import ReadObserver, ShardPoller
+from streamkit.consumer.runtime import MemberRuntime
 from streamkit.consumer.stats import ReadTimer, debug_tracer
-from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
+from streamkit.coordinator_client import CoordinatorClient
+from streamkit.declarations import AppDeclarations, Hook, StreamDeclaration
 from streamkit.errors import StreamkitError, first_leaf
-from streamkit.group_hints import existing_groups_hint
 from streamkit.middleware import Middleware
 from streamkit.publisher.publisher import (
     CoordinatorUnreachableError,
     Publisher,
     ShardStreamsMissing,
 )
-from streamkit.redis_health import describe_error
 from streamkit.settings import StreamKitSettings
+from streamkit.startup import (
+    RedisUnreachableError,
+    check_groups,
+    check_redis,
+    detect_xackdel,
+    freeze_startup_heap,
+)
 
-__all__ = ["Lifespan", "RedisUnreachableError", "StreamKit"]
+if TYPE_CHECKING:
+    from opentelemetry import trace
+
+__all__ = ["Lifespan", "RedisUnreachableError", "StreamDeclaration", "StreamKit"]
 
 log = logging.getLogger("streamkit.app")
 
-#: How long the start-up PING may take before Redis counts as unreachable.
-_REDIS_CHECK_S = 5.0
-
-F = TypeVar("F", bound=Callable[..., Any])
-Hook = Callable[[], Awaitable[None] | None]
 #: ``lifespan=``: called with the app, entered before listeners start, exited after.
 Lifespan = Callable[["StreamKit"], AbstractAsyncContextManager[object]]
 
 
-class StreamKit:
+class StreamKit(AppDeclarations):
     """Listeners, publishers, a DI container and the clients they share.
 
     Settings come from ``STREAMKIT_*`` variables (or ``.env``); keyword
@@ -104,10 +97,7 @@ class StreamKit:
         self._redis = redis
         self._owns_redis = redis is None
         self._wire = list(wire)
-        self._listeners: list[Listener] = []
-        self._publishers: list[Publisher] = []
-        self._startup: list[Hook] = []
-        self._shutdown: list[Hook] = []
+        self._init_declarations()
         self._stack: AsyncExitStack | None = None
         self._members: list[MemberRuntime] = []
         # Set by each member's task when it returns (index as in _members).
@@ -118,17 +108,6 @@ class StreamKit:
         self._stop_requested = False
         self._force_requested = False
 
-    # -- declarations ------------------------------------------------------------
-
-    @property
-    def listeners(self) -> tuple[Listener, ...]:
-        return tuple(self._listeners)
-
-    @property
-    def publishers(self) -> tuple[Publisher, ...]:
-        """The publishers made by ``publisher(...)``."""
-        return tuple(self._publishers)
-
     @property
     def members(self) -> tuple[MemberRuntime, ...]:
         """The running members (empty outside ``serve()``)."""
@@ -138,165 +117,6 @@ class StreamKit:
     def stopping(self) -> bool:
         """``shutdown()`` was asked for (readiness probes answer 503 from then on)."""
         return self._stop_requested
-
-    def stream_listener(
-        self,
-        *,
-        stream_prefix: str,
-        group: str,
-        concurrency: int = 1,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        max_in_flight: int | None = None,
-        block_ms: int = DEFAULT_BLOCK_MS,
-        auto_ack: bool | None = None,
-        ordered: bool = True,
-        claim_pending: bool = True,
-        lifecycle: ShardLifecycle | None = None,
-        batch: bool | None = None,
-        failure_policy: FailurePolicy | None = None,
-        payload_field: str = "payload",
-    ) -> Callable[[F], F]:
-        """Register ``handler(msg)`` for every entry of the group's shards.
-
-        ``concurrency`` members (``{member_id_base}-{start}-m{i}``) share the shards;
-        each reads up to ``batch_size`` entries per ``XREADGROUP`` and holds at
-        most ``max_in_flight`` (default ``4 * batch_size``) unfinished entries.
-        ``ordered`` handles a shard's entries one at a time in stream order;
-        ``auto_ack`` acks after the handler returns (default: only for handlers
-        that do not receive their messages, and batch handlers);
-        ``lifecycle`` adds shard hooks next to the built-in poller.  A handler
-        typed ``(order: Order)`` gets the JSON ``payload_field`` decoded into
-        the pydantic model; ``batch`` (or a ``list[...]`` annotation) hands it
-        up to ``batch_size`` entries at a time.  ``failure_policy`` (default:
-        from the settings) says how failures are retried and dead-lettered.
-        Returns the handler unchanged.
-        """
-
-        def register(handler: F) -> F:
-            self._add(
-                Listener.create(
-                    stream_prefix=stream_prefix,
-                    group=group,
-                    concurrency=concurrency,
-                    handler=handler,
-                    lifecycle=lifecycle,
-                    batch_size=batch_size,
-                    max_in_flight=max_in_flight,
-                    block_ms=block_ms,
-                    ordered=ordered,
-                    auto_ack=auto_ack,
-                    claim_pending=claim_pending,
-                    batch=batch,
-                    failure_policy=failure_policy,
-                    payload_field=payload_field,
-                )
-            )
-            return handler
-
-        # Validate now, so a bad declaration fails even before a handler is given.
-        Listener.create(
-            stream_prefix=stream_prefix,
-            group=group,
-            concurrency=concurrency,
-            handler=_placeholder,
-            lifecycle=lifecycle,
-            batch_size=batch_size,
-            max_in_flight=max_in_flight,
-            block_ms=block_ms,
-            failure_policy=failure_policy,
-            payload_field=payload_field,
-        )
-        return register
-
-    def shard_listener(
-        self,
-        *,
-        stream_prefix: str,
-        group: str,
-        lifecycle: ShardLifecycle,
-        concurrency: int = 1,
-    ) -> Listener:
-        """Members without the built-in poller: ``lifecycle`` does the reading.
-
-        The hooks get a ``ShardContext`` (member id, epoch, Redis client,
-        stream keys, ``may_read``); see ``ShardLifecycle`` for the rules.
-        """
-        listener = Listener.create(
-            stream_prefix=stream_prefix,
-            group=group,
-            concurrency=concurrency,
-            lifecycle=lifecycle,
-            require_handler=False,
-        )
-        self._add(listener)
-        return listener
-
-    def add_listener(
-        self, stream_prefix: str, group: str, handler: MessageHandler, **options: Any
-    ) -> Listener:
-        """``stream_listener`` without decorator syntax."""
-        self.stream_listener(stream_prefix=stream_prefix, group=group, **options)(handler)
-        return self._listeners[-1]
-
-    def _add(self, listener: Listener) -> None:
-        for existing in self._listeners:
-            if existing.key == listener.key:
-                # Member ids are per group: two listeners on one group in one
-                # process would claim the same member ids.
-                raise ListenerConfigError(
-                    f"a listener for stream {listener.stream_prefix!r} group "
-                    f"{listener.consumer_group!r} is already registered ({existing.name}); "
-                    "use one listener with a higher concurrency"
-                )
-        self._listeners.append(listener)
-
-    def publisher(
-        self,
-        *,
-        stream_prefix: str,
-        group: str,
-        maxlen: int | None = None,
-        provide_as: str | None = None,
-    ) -> Publisher:
-        """A ``Publisher`` sharing this app's coordinator and Redis clients.
-
-        Nothing connects now; ``start()`` (or ``serve()``) checks its routing.
-        With ``provide_as`` the publisher is also registered on the container
-        (overriding a provider of that name if the container declares one), so
-        handlers can receive it with ``Provide["name"]`` / ``Provide[Container.name]``.
-        """
-        publisher = Publisher(
-            stream_prefix,
-            group,
-            settings=self.settings,
-            coordinator=self.coordinator,
-            redis=self.redis,
-            maxlen=maxlen,
-            middlewares=self.middlewares,
-            trace_context_field=self.settings.trace_context_field or None,
-        )
-        self._publishers.append(publisher)
-        if provide_as:
-            existing = self.container.providers.get(provide_as)
-            if existing is not None:
-                existing.override(providers.Object(publisher))
-            else:
-                setattr(self.container, provide_as, providers.Object(publisher))
-        return publisher
-
-    def add_middleware(self, middleware: Middleware) -> None:
-        """Append ``middleware`` (innermost so far) to every listener and publisher."""
-        self.middlewares.append(middleware)
-
-    def on_startup(self, hook: F) -> F:
-        """Run ``hook()`` (sync or async) before listeners start."""
-        self._startup.append(hook)
-        return hook
-
-    def on_shutdown(self, hook: F) -> F:
-        """Run ``hook()`` (sync or async) after listeners stopped, in reverse order."""
-        self._shutdown.append(hook)
-        return hook
 
     # -- shared clients ------------------------------------------------------------
 
@@ -321,7 +141,8 @@ class StreamKit:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Wire the container, enter the lifespan, run startup hooks, check publishers."""
+        """Create the declared streams that are missing, wire the container,
+        enter the lifespan, run startup hooks, check publishers."""
         if self._stack is not None:
             return
         stack = AsyncExitStack()
@@ -331,6 +152,7 @@ class StreamKit:
             # hooks and the lifespan may still publish.
             stack.push_async_callback(self._close_clients)
             stack.push_async_callback(self._close_publishers)
+            await self.provision()
             self._wire_container(stack)
             if self._lifespan is not None:
                 await stack.enter_async_context(self._lifespan(self))
@@ -344,6 +166,24 @@ class StreamKit:
             await stack.__aexit__(*sys.exc_info())
             raise
         self._stack = stack
+
+    async def provision(self) -> None:
+        """Create the declared streams and groups that do not exist yet (``stream()``).
+
+        ``start()`` does it first; it needs the ``WRITE`` role only when
+        something is missing.
+        """
+        declared = self.declared_streams()
+        if not declared:
+            return
+        # Imported here: an app without declarations never needs it.
+        from streamkit.admin import requested_by
+        from streamkit.provisioning import provision
+
+        username = self.settings.coordinator_username
+        await provision(
+            self.coordinator, declared, requested_by=requested_by(username), username=username
+        )
 
     async def close(self) -> None:
         """Run shutdown hooks, exit the lifespan and release connections."""
@@ -395,11 +235,12 @@ class StreamKit:
         # Before start(): hooks and publishers would otherwise be first to
         # stumble over a Redis that is not there, less clearly.
         if self._listeners:
-            await self._check_redis()
+            await check_redis(self.redis, self.settings)
         await self.start()
         try:
-            await self._check_groups()
-            self._xackdel = await self._detect_xackdel()
+            await check_groups(self.coordinator, self._listeners, self.settings.coordinator_url)
+            if any(listener.handler is not None for listener in self._listeners):
+                self._xackdel = await detect_xackdel(self.redis, self.settings)
             self._members = self._build_members(self._xackdel)
             log.info(
                 "streamkit serving %d listener(s) with %d member(s)",
@@ -515,60 +356,6 @@ class StreamKit:
             return self.debug_tracer
         return debug_tracer(self.settings.trace_debug)
 
-    async def _check_redis(self) -> None:
-        """Fail at once when Redis does not answer: members that joined now
-        would take shards they cannot read away from members that can."""
-        settings = self.settings
-        try:
-            with anyio.fail_after(_REDIS_CHECK_S):
-                await self.redis.ping()
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise RedisUnreachableError(
-                f"cannot reach Redis at {redacted_url(settings.redis_url)}"
-                + (" (cluster)" if settings.redis_cluster else "")
-                + f": {describe_error(exc)}; is redis-server running there? "
-                "STREAMKIT_REDIS_URL sets the address"
-            ) from None
-
-    async def _check_groups(self) -> None:
-        """Fail at once for a group the coordinator does not know."""
-        for listener in self._listeners:
-            prefix, group = listener.key
-            try:
-                await self.coordinator.get_group(prefix, group)
-            except CoordinatorError as exc:
-                if exc.status_code == 404:
-                    hint = await existing_groups_hint(self.coordinator, prefix, group)
-                    raise GroupNotFoundError(
-                        prefix, group, self.settings.coordinator_url, hint
-                    ) from None
-                if exc.status_code == 401:
-                    # Wrong or missing credentials: say so now, not only when a
-                    # publish or a heartbeat is refused later.
-                    log.warning("%s", exc)
-                    continue
-                # Without the READ role the first heartbeat does the check
-                # (a 404 before the first answer is fatal there too).
-                log.debug("cannot look up %s/%s before joining: %s", prefix, group, exc)
-            except CoordinatorUnavailable as exc:
-                log.warning("%s; members keep retrying", exc)
-                return
-
-    async def _detect_xackdel(self) -> bool:
-        if not any(listener.handler is not None for listener in self._listeners):
-            return False
-        try:
-            native = await supports_xackdel(self.redis)
-        except Exception as exc:  # Redis went away since the check: readers retry anyway
-            log.warning(
-                "could not ask Redis at %s whether it has XACKDEL (%s); using XACK+XDEL",
-                redacted_url(self.settings.redis_url),
-                describe_error(exc),
-            )
-            return False
-        log.debug("ack_del uses %s", "XACKDEL" if native else "MULTI XACK+XDEL")
-        return native
-
     async def _start_publisher(self, publisher: Publisher) -> None:
         try:
             await publisher.start()
@@ -607,14 +394,6 @@ class StreamKit:
             self._redis = None
 
 
-class RedisUnreachableError(StreamkitError):
-    """Redis did not answer when the app started serving."""
-
-
-async def _placeholder(message: object) -> None:  # pragma: no cover - never called
-    return None
-
-
 async def _call(hook: Hook) -> None:
     result = hook()
     if inspect.isawaitable(result):
@@ -640,21 +419,3 @@ async def _unwrapped(work: Awaitable[None]) -> None:
         if leaf is not None:
             raise leaf from group
         raise
-
-
-def freeze_startup_heap() -> None:
-    """Collect once, then keep every object alive now out of later collections.
-
-    The objects alive once an app started (modules, clients, the container)
-    live as long as the process; rescanning them is what makes a full
-    collection slow (about 0.3 us per object: 30-60 ms for a typical app).
-    The collection first frees start-up garbage, which freezing would keep.
-    """
-    started = time.perf_counter()
-    gc.collect()
-    gc.freeze()
-    log.debug(
-        "froze %d objects out of garbage collection in %.0f ms",
-        gc.get_freeze_count(),
-        (time.perf_counter() - started) * 1000,
-    )

@@ -1,12 +1,31 @@
-"""Client settings, read from ``STREAMKIT_*`` environment variables or ``.env``."""
+"""Client settings, read from ``STREAMKIT_*`` environment variables or ``.env``.
+
+An invalid value raises ``SettingsError``: one line that names the variable
+and what it must be, never pydantic's multi-line report (the CLI prints it as
+its ``error:`` line, and a script's traceback ends with it).
+"""
 
 from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from streamkit.errors import StreamkitError
+
+__all__ = ["SettingsError", "StreamKitSettings", "default_member_id_base"]
+
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_HTTP_SCHEMES = ("http://", "https://")
+#: Settings whose value an error message must never repeat.
+_SECRETS = frozenset({"coordinator_password", "coordinator_token", "redis_url"})
+
+
+class SettingsError(StreamkitError, ValueError):
+    """A ``STREAMKIT_*`` setting (or a keyword given for one) is invalid."""
 
 
 def default_member_id_base() -> str:
@@ -18,10 +37,37 @@ def _secret(value: SecretStr | None) -> str | None:
     return None if value is None else value.get_secret_value()
 
 
+def _env_name(field: str) -> str:
+    return f"STREAMKIT_{field.upper()}"
+
+
+def _one_line(exc: ValidationError) -> str:
+    """pydantic's first complaint as one sentence naming the variable."""
+    first = exc.errors()[0]
+    message = str(first["msg"]).removeprefix("Value error, ")
+    field = ".".join(str(part) for part in first["loc"])
+    if not field or message.startswith("STREAMKIT_"):  # the message names the variables
+        return message
+    shown = "" if field in _SECRETS else f"={first.get('input')!r}"
+    hint = " (true or false)" if first["type"] == "bool_parsing" else ""
+    return f"{_env_name(field)}{shown}: {message[0].lower()}{message[1:]}{hint}"
+
+
+def _without_credentials(url: str) -> str:
+    _, at, tail = url.rpartition("@")
+    return f"***@{tail}" if at else url
+
+
 class StreamKitSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="STREAMKIT_", env_file=".env", extra="ignore", frozen=True
     )
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise SettingsError(_one_line(exc)) from None
 
     coordinator_url: str = "http://127.0.0.1:8080"
     coordinator_username: str | None = None
@@ -84,6 +130,28 @@ class StreamKitSettings(BaseSettings):
         # still differ between starts and between processes on one host.
         return f"{self.member_id_base}-{incarnation[:8]}"
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if not value.startswith(_REDIS_SCHEMES):
+            # redis-py would say only "must specify one of the following schemes".
+            raise ValueError(
+                f"STREAMKIT_REDIS_URL={_without_credentials(value)!r} is not a Redis URL; "
+                "write it as redis://HOST:PORT/DB (rediss:// for TLS, unix:///path for a "
+                "socket), e.g. redis://127.0.0.1:6379/0"
+            )
+        return value
+
+    @field_validator("coordinator_url")
+    @classmethod
+    def _coordinator_url(cls, value: str) -> str:
+        if not value.startswith(_HTTP_SCHEMES) or len(value.split("://", 1)[1]) == 0:
+            raise ValueError(
+                f"STREAMKIT_COORDINATOR_URL={value!r} is not an HTTP URL; write it as "
+                "http://HOST:PORT (https:// for TLS), e.g. http://127.0.0.1:8080"
+            )
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> StreamKitSettings:
         for name, value in (
@@ -95,8 +163,11 @@ class StreamKitSettings(BaseSettings):
             if value is not None and not value.strip():
                 raise ValueError(f"STREAMKIT_{name} is empty or blank; unset it or give a value")
         if bool(self.coordinator_username) != bool(self.coordinator_password):
+            pair = ("USERNAME", "PASSWORD")
+            given, missing = pair if self.coordinator_username else pair[::-1]
             raise ValueError(
-                "set both STREAMKIT_COORDINATOR_USERNAME and STREAMKIT_COORDINATOR_PASSWORD, "
+                f"STREAMKIT_COORDINATOR_{given} is set but STREAMKIT_COORDINATOR_{missing} is "
+                "not: set both STREAMKIT_COORDINATOR_USERNAME and STREAMKIT_COORDINATOR_PASSWORD, "
                 "or neither"
             )
         if self.routing_lease <= self.routing_refresh_interval:

@@ -17,12 +17,27 @@ from rich.table import Table
 from streamkit.coordinator_client import CoordinatorClient
 from streamkit.protocol import (
     GroupResponse,
+    MemberState,
     MemberView,
     StreamShardOffset,
     shard_indexes,
 )
 
-__all__ = ["GroupStatus", "fetch_status", "headline", "plain_lines", "render"]
+__all__ = [
+    "DEPARTED_RETENTION_S",
+    "GroupStatus",
+    "departure",
+    "fetch_status",
+    "headline",
+    "plain_lines",
+    "render",
+]
+
+#: How long the coordinator keeps the record of a member that left, expired
+#: or was fenced, once it holds no shard (``dead_member_retention_ms`` of the
+#: server core; a test keeps the two equal).  Until then status shows it.
+DEPARTED_RETENTION_S = 300
+_LIVE = (MemberState.STARTING, MemberState.ACTIVE)
 
 
 @dataclass(frozen=True)
@@ -59,10 +74,32 @@ def _assigned(member: MemberView) -> str:
     return ",".join(str(s) for s in shard_indexes(member.current_assignment)) or "-"
 
 
+def departure(member: MemberView) -> str:
+    """Empty for a live member; else since when it is gone and when the
+    coordinator forgets it (from its last heartbeat, when the server says)."""
+    if member.state in _LIVE or member.state is None:
+        return ""
+    age_ms = (member.model_extra or {}).get("heartbeatAgeMs")
+    if not isinstance(age_ms, int):
+        return f"departed; forgotten {DEPARTED_RETENTION_S // 60} min after it left"
+    age = age_ms // 1000
+    if member.state is MemberState.LEAVING:
+        # A leave is the member's last heartbeat: the retention counts from it.
+        left = max(0, DEPARTED_RETENTION_S - age)
+        return f"left {age}s ago; forgotten in {left}s"
+    # Expired or fenced: the retention counts from the expiry (or the release
+    # of its shards), which comes after the last heartbeat.
+    return f"last heartbeat {age}s ago; forgotten {DEPARTED_RETENTION_S // 60} min after it ended"
+
+
 def headline(status: GroupStatus) -> str:
     g = status.group
+    live = sum(1 for m in status.members if m.state in _LIVE)
+    gone = len(status.members) - live
+    members = f"members {live}" + (f" (+{gone} departed)" if gone else "")
     return (
         f"{g.stream_prefix}/{g.consumer_group}  state {g.state.value}  shards {g.shard_count}  "
+        f"{members}  "
         f"groupEpoch {g.group_epoch}  assignmentEpoch {g.assignment_epoch}  "
         f"metadataVersion {g.metadata_version}"
         + (
@@ -93,6 +130,7 @@ def render(
         )
     members = Table(title="members", expand=True)
     columns = ["member", "state", "epoch", "shards"] + (["msgs/s"] if rates is not None else [])
+    columns.append("departed")
     for column in columns:
         members.add_column(column)
     for member in status.members:
@@ -104,6 +142,7 @@ def render(
         ]
         if rates is not None:
             row.append(f"{rates.get(member.member_id or '', 0.0):.0f}")
+        row.append(departure(member))
         members.add_row(*row)
     return Group(Panel(head or headline(status)), shards, members)
 
@@ -121,8 +160,10 @@ def plain_lines(status: GroupStatus) -> list[str]:
     if not status.members:
         lines.append("no members")
     for member in status.members:
+        gone = departure(member)
         lines.append(
             f"member {member.member_id} state={member.state.value if member.state else '?'} "
             f"epoch={member.member_epoch} shards={_assigned(member)}"
+            + (f" ({gone})" if gone else "")
         )
     return lines

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import getpass
 import logging
+import re
 import secrets
 import sys
 import time
@@ -50,27 +51,52 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+_LINK = re.compile(r"\[([^\]]+)\]\([^)]*\)")
+
+
+def _plain(markdown: str) -> str:
+    """A setting's description (markdown, shared with docs/operations.md) for a terminal."""
+    return _LINK.sub(r"\1", markdown).replace("`", "")
+
+
+def option_help(name: str) -> str:
+    """The ``--help`` line of a setting: what it does, its variable and its default."""
+    field = ServerSettings.model_fields[name]
+    default: Any = field.default
+    if default is None:
+        generated = name in {"admin_password", "token_secret"}
+        default = "generated at start-up" if generated else "none"
+    elif isinstance(default, bool):
+        default = str(default).lower()
+    where = f"env STREAMKIT_SERVER_{name.upper()}; default {default}"
+    return f"{_plain(field.description or '')} ({where})"
+
+
+def _metavar(name: str, annotation: Any) -> str:
+    if annotation is bool:
+        return "BOOL"
+    if name.endswith("_ms"):
+        return "MS"
+    if annotation is int:
+        return "N"
+    return {"url": "URL", "file": "PATH", "host": "HOST"}.get(name.rsplit("_", 1)[-1], "TEXT")
+
+
 def parse_settings(argv: Sequence[str] | None = None) -> ServerSettings:
     parser = argparse.ArgumentParser(
         prog="streamkit-server",
         description="Run the streamkit coordinator (KIP-848-style, sharded Redis Streams).",
+        epilog="Every option is also an environment variable; flags win. The settings table "
+        "of the operations guide (docs/operations.md) has the same texts. Subcommands: "
+        "streamkit-server hash-password, streamkit-server revoke-tokens USERNAME.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     for name, field in ServerSettings.model_fields.items():
-        env = f"STREAMKIT_SERVER_{name.upper()}"
-        default: Any = field.default
-        if default is None:
-            generated = name in {"admin_password", "token_secret"}
-            default = "(generated at start-up)" if generated else "(none)"
-        if field.annotation is bool:
-            parser.add_argument(
-                _flag(name), dest=name, nargs="?", const="true", default=None, metavar="BOOL",
-                help=f"env {env}, default {default}",
-            )  # fmt: skip
-        else:
-            parser.add_argument(
-                _flag(name), dest=name, default=None, help=f"env {env}, default {default}"
-            )
+        metavar = _metavar(name, field.annotation)
+        extra: dict[str, Any] = {"nargs": "?", "const": "true"} if field.annotation is bool else {}
+        parser.add_argument(
+            _flag(name), dest=name, default=None, metavar=metavar, help=option_help(name), **extra
+        )
     args = parser.parse_args(argv)
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if v is not None}
     return ServerSettings(**overrides)

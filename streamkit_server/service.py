@@ -119,8 +119,8 @@ def group_not_found(keys: GroupKeys) -> CoordinatorError:
     return CoordinatorError(
         "GROUP_NOT_FOUND",
         f"consumer group {keys.consumer_group!r} of stream {keys.stream_prefix!r} has no "
-        f"coordinator metadata; create it with POST /coord/v1/streams/{keys.stream_prefix}"
-        f"/groups/{keys.consumer_group} (heartbeats never create or rebuild groups)",
+        f"coordinator metadata; create it with: streamkit group create {keys.stream_prefix} "
+        f"{keys.consumer_group} (heartbeats never create or rebuild groups)",
     )
 
 

@@ -1,5 +1,9 @@
 """Server settings: environment variables ``STREAMKIT_SERVER_*``, each also a CLI flag.
 
+Each field's ``description`` is the one text about it: ``streamkit-server
+--help`` shows it, and it is the Meaning column of the settings table in
+``docs/operations.md`` (``tests/test_docs.py`` keeps the two equal).
+
 Secrets without a configured value are generated at start-up (see ``cli``),
 never defaulted to a well-known string; an empty or blank one is refused,
 because it would look configured while protecting nothing.
@@ -23,71 +27,261 @@ __all__ = ["ServerSettings"]
 class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STREAMKIT_SERVER_", extra="ignore")
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    # True: redis-py RedisCluster with the URL as a start-up node.
-    redis_cluster: bool = False
-    admin_username: str = Field(default="admin", min_length=1)
-    # None: a random password is generated and printed once at start-up.
-    admin_password: SecretStr | None = None
+    host: str = Field(
+        "127.0.0.1",
+        description="Interface the HTTP listener binds to. Use `0.0.0.0` in a container.",
+    )
+    port: int = Field(
+        default=8080,
+        ge=0,
+        le=65535,
+        description="TCP port of the HTTP listener (0 to 65535).",
+    )
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description=(
+            "The Redis that holds the metadata and the shard streams, in redis-py URL "
+            "syntax (`rediss://` for TLS, credentials in the URL). With cluster mode on, "
+            "any node serves as the start-up node."
+        ),
+    )
+    redis_cluster: bool = Field(
+        False,
+        description=(
+            "Talk to a Redis Cluster (redis-py `RedisCluster`) instead of a single server."
+        ),
+    )
+    admin_username: str = Field(
+        default="admin",
+        min_length=1,
+        description=(
+            "Name of the built-in principal. It holds the roles `READ`, `WRITE` and `MEMBER`."
+        ),
+    )
+    admin_password: SecretStr | None = Field(
+        None,
+        description="Its password. Unset: a random one is generated and printed once at start-up.",
+    )
     # None: a random secret created once in Redis (SET NX) and shared by every
     # coordinator process on that Redis, so their tokens are interchangeable.
-    token_secret: SecretStr | None = None
+    token_secret: SecretStr | None = Field(
+        None,
+        description=(
+            "Key that signs bearer tokens (HMAC-SHA256). Unset: a random key created once"
+            " in Redis (`<KEY_PREFIX>:auth:token-secret`, `SET NX`) and used by every "
+            "process on that Redis, so tokens survive restarts and work on every process."
+            " Changing it invalidates every issued token."
+        ),
+    )
     # Accepted (never used to sign) so a secret rotation needs no downtime:
     # set the new TOKEN_SECRET with the old one here, drop it after one TTL.
-    token_secret_previous: SecretStr | None = None
-    # Short-lived: clients log in again on a 401 (see streamkit.coordinator_client).
-    token_ttl_seconds: int = Field(default=3600, ge=1)
-    # Principals besides the bootstrap admin: a JSON list of
-    # {"username", "passwordHash", "roles"} inline, or in a file (see principals).
-    principals: str | None = None
-    principals_file: str | None = None
-    key_prefix: str = Field(default="redis-stream:coord", min_length=1)
-    heartbeat_interval_ms: int = Field(default=3_000, ge=1)
-    member_lease_ttl_ms: int = Field(default=15_000, ge=1)
-    rebalance_timeout_ms: int = Field(default=60_000, ge=1)
-    tick_interval_ms: int = Field(default=1_000, ge=1)
+    token_secret_previous: SecretStr | None = Field(
+        None,
+        description=(
+            "The signing key being rotated out: still accepted, never used to sign (see "
+            "[Authentication](#authentication))."
+        ),
+    )
+    token_ttl_seconds: int = Field(
+        default=3600,
+        ge=1,
+        description=(
+            "Lifetime of a bearer token in seconds (one hour; clients log in again on a 401)."
+        ),
+    )
+    principals: str | None = Field(
+        None,
+        description=(
+            "Principals besides the admin, as JSON (`username`, `passwordHash`, `roles`; "
+            "see [Authentication](#authentication))."
+        ),
+    )
+    principals_file: str | None = Field(
+        None,
+        description="A file with the same JSON.",
+    )
+    key_prefix: str = Field(
+        default="redis-stream:coord",
+        min_length=1,
+        description=(
+            "Prefix of every coordinator key in Redis (see [key layout](#redis-key-layout))."
+        ),
+    )
+    heartbeat_interval_ms: int = Field(
+        default=3_000,
+        ge=1,
+        description="Heartbeat interval announced to members in every answer.",
+    )
+    member_lease_ttl_ms: int = Field(
+        default=15_000,
+        ge=1,
+        description=(
+            "A member silent for longer than this is expired and its shards are "
+            "reassigned. Must be at least twice the heartbeat interval."
+        ),
+    )
+    rebalance_timeout_ms: int = Field(
+        default=60_000,
+        ge=1,
+        description=(
+            "Time a member has to give up a shard it was asked to revoke before it is "
+            "fenced. Must be at least twice the heartbeat interval: a member hears of a "
+            "revocation only at its next heartbeat, so a shorter timeout fences members "
+            "that did nothing wrong, over and over."
+        ),
+    )
+    tick_interval_ms: int = Field(
+        default=1_000,
+        ge=1,
+        description=(
+            "Period of the tick loop, which applies lease expiry, rebalance-timeout "
+            "fencing, clean-up of departed members and time-driven migration steps."
+        ),
+    )
     # The longest routing lease any producer uses (STREAMKIT_ROUTING_LEASE on
     # the clients, in seconds there): a removed shard is proven drained only
     # after this much time has passed since the layout switched.
-    producer_routing_lease_ms: int = Field(default=30_000, ge=0)
-    default_shard_count: int = Field(default=4, ge=1, le=MAX_SHARD_COUNT)
-    # A join that would exceed it is refused with 400 TOO_MANY_MEMBERS.
-    max_members_per_group: int = Field(default=1_024, ge=1, le=65_536)
+    producer_routing_lease_ms: int = Field(
+        default=30_000,
+        ge=0,
+        description=(
+            "The longest routing-cache lease any producer uses. After a layout change, a "
+            "removed shard is only probed for the drain proof once this much time has "
+            "passed. Keep it at or above every producer's `STREAMKIT_ROUTING_LEASE` "
+            "(which is in seconds)."
+        ),
+    )
+    default_shard_count: int = Field(
+        default=4,
+        ge=1,
+        le=MAX_SHARD_COUNT,
+        description=(
+            "Shard count used when a create request has no `initialShardCount` (1 to 4096)."
+        ),
+    )
+    max_members_per_group: int = Field(
+        default=1_024,
+        ge=1,
+        le=65_536,
+        description=(
+            "Live members one group may have (1 to 65536). A join beyond it is answered "
+            "`400 TOO_MANY_MEMBERS`; records of departed members count up to four times "
+            "this."
+        ),
+    )
     # The member API (heartbeats) needs a MEMBER principal unless this unsafe
     # switch is on; meant for local development only (a warning is logged).
-    insecure_member_api: bool = False
+    insecure_member_api: bool = Field(
+        False,
+        description=(
+            "Unsafe, for local development only: open the heartbeat endpoint to callers "
+            "without credentials. Logs a warning at start. Off: heartbeats need the "
+            "`MEMBER` role."
+        ),
+    )
     # Group mutex: how long a holder may keep it (crash safety) and how long a
     # request waits for it before answering RETRY.
-    mutex_ttl_ms: int = Field(default=5_000, ge=100)
-    mutex_wait_ms: int = Field(default=2_000, ge=1)
-    # Request bodies above this are answered 413 before they are parsed.
-    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    mutex_ttl_ms: int = Field(
+        default=5_000,
+        ge=100,
+        description=(
+            "Expiry of a group mutex (at least 100). A crashed holder blocks its group "
+            "for at most this long; shutdown also waits at most this long for critical "
+            "sections in progress."
+        ),
+    )
+    mutex_wait_ms: int = Field(
+        default=2_000,
+        ge=1,
+        description=(
+            "How long a request waits for a taken group mutex. Then a heartbeat is "
+            "answered `RETRY` and an admin mutation `503 COORDINATOR_BUSY`."
+        ),
+    )
+    max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        description=(
+            "Request bodies above this size (at least 1024) are refused with `413 "
+            "PAYLOAD_TOO_LARGE` before they are parsed."
+        ),
+    )
     # After SIGTERM: how long the process keeps answering 503
     # COORDINATOR_TERMINATING (so clients on open connections move to another
     # coordinator) before it closes its listener and exits.
-    shutdown_grace_ms: int = Field(default=1_000, ge=0)
+    shutdown_grace_ms: int = Field(
+        default=1_000,
+        ge=0,
+        description=(
+            "After SIGTERM, how long the process keeps answering `503 "
+            "COORDINATOR_TERMINATING` before it closes its listener."
+        ),
+    )
     # Rate limits (0 turns one off), shared by every process through Redis.
     # Failed logins (login endpoint and Basic credentials) per minute, per
     # username tried and per client address: brute force, never a healthy fleet.
-    login_failures_per_minute: int = Field(default=10, ge=0)
-    login_failures_per_client_per_minute: int = Field(default=30, ge=0)
+    login_failures_per_minute: int = Field(
+        default=10,
+        ge=0,
+        description=(
+            "Failed logins (login endpoint or Basic credentials) per username tried per "
+            "minute before `429` (0: off). See [rate limits](#rate-limits)."
+        ),
+    )
+    login_failures_per_client_per_minute: int = Field(
+        default=30,
+        ge=0,
+        description="The same per client address.",
+    )
     # Admin mutations (WRITE routes) per principal per minute.
-    admin_mutations_per_minute: int = Field(default=600, ge=0)
+    admin_mutations_per_minute: int = Field(
+        default=600,
+        ge=0,
+        description="Requests to `WRITE` operations per principal per minute (0: off).",
+    )
     # Heartbeats per group per heartbeat interval, as a multiple of the most
     # members a group may have: each member sends one per interval.
-    heartbeat_rate_multiple: int = Field(default=10, ge=0)
+    heartbeat_rate_multiple: int = Field(
+        default=10,
+        ge=0,
+        description=(
+            "Heartbeats one group may send per heartbeat interval, as a multiple of "
+            "`MAX_MEMBERS_PER_GROUP` (0: off)."
+        ),
+    )
     # Also copy every audit record to this Redis stream (a key name; None:
     # log only), trimmed to about AUDIT_STREAM_MAXLEN entries.  Written off
     # the request path: a Redis error never fails a request.
-    audit_stream: str | None = Field(default=None, min_length=1)
-    audit_stream_maxlen: int = Field(default=100_000, ge=1)
+    audit_stream: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Also copy every audit record to this Redis stream key, off the request path "
+            "(see [Audit log](#audit-log))."
+        ),
+    )
+    audit_stream_maxlen: int = Field(
+        default=100_000,
+        ge=1,
+        description="About how many records the audit stream keeps (`XADD MAXLEN ~`).",
+    )
     # "host:port" of a second listener serving only /metrics, without
     # credentials; loopback addresses only (a sidecar or node agent scrapes it).
-    metrics_listen: str | None = None
-    log_level: str = "info"
-    access_log: bool = False
+    metrics_listen: str | None = Field(
+        None,
+        description=(
+            "`host:port` of a second listener serving only `/metrics`, without "
+            "credentials; loopback addresses only (see [Metrics](#metrics))."
+        ),
+    )
+    log_level: str = Field(
+        "info",
+        description="Log level of the coordinator and of uvicorn.",
+    )
+    access_log: bool = Field(
+        False,
+        description="Write uvicorn's access log line for every request.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:

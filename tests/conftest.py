@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from core.coverage import REPORT
 from hypothesis import settings
+from reference_contract import MISSING_REASON
 
 from streamkit.testing import HOST, RedisCluster, RedisServer, RedisTarget
 
@@ -56,6 +57,16 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for line in REPORT:
         terminalreporter.write_line(line)
+    # Visible without -rs: a clone without ../shared skips the contract checks.
+    skipped = [
+        report
+        for report in terminalreporter.stats.get("skipped", [])
+        if MISSING_REASON in str(getattr(report, "longrepr", ""))
+    ]
+    if skipped:
+        terminalreporter.write_line(
+            f"note: {len(skipped)} contract tests skipped: {MISSING_REASON}", yellow=True
+        )
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,8 @@
   the server's OpenAPI document;
 * every ``python`` code block in ``docs/*.md`` and ``README.md`` compiles, and
   its ``streamkit``/``streamkit_server`` imports resolve (a block preceded by a
-  ``<!-- no-test -->`` line is skipped);
+  ``<!-- no-test -->`` line is skipped); a block that starts with an import is
+  a complete program and uses no name it does not define or import;
 * ``mkdocs build --strict`` succeeds (broken links and anchors included).
 
 None of these tests needs Redis.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -106,7 +108,38 @@ def test_setting_row_matches_the_code(name: str) -> None:
     assert default == _expected_default(name), (
         f"{_env(name)}: docs say default {default!r}, settings.py has {_expected_default(name)!r}"
     )
-    assert meaning, f"{_env(name)} has no description"
+    # One text: the Field's description is both this cell and the --help line.
+    described = ServerSettings.model_fields[name].description
+    assert described, f"{name} has no description in streamkit_server/settings.py"
+    assert _raw_meaning(_env(name)) == described, (
+        f"{_env(name)}: the Meaning cell of docs/operations.md differs from the description "
+        "in streamkit_server/settings.py (which streamkit-server --help prints); make them equal"
+    )
+    assert meaning
+
+
+def _raw_meaning(env: str) -> str:
+    """The last cell of the setting's row, with its markdown (backticks) intact."""
+    for line in OPERATIONS.read_text(encoding="utf-8").splitlines():
+        if line.startswith(f"| `{env}` |"):
+            return re.split(r"(?<!\\)\|", line.strip().strip("|"))[-1].strip()
+    raise AssertionError(f"no row for {env}")
+
+
+def test_server_help_describes_every_option() -> None:
+    from streamkit_server.cli import option_help
+
+    result = subprocess.run(
+        [sys.executable, "-m", "streamkit_server", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "4000"},  # one line per option, as wide as it takes
+    )
+    assert result.returncode == 0, result.stderr
+    for name in ServerSettings.model_fields:
+        assert option_help(name) in result.stdout, f"--help lacks the text of {name}"
+        assert "env STREAMKIT_SERVER_" in option_help(name)
 
 
 # -- metrics and error codes -------------------------------------------------------------
@@ -312,6 +345,34 @@ def test_python_code_block(block: CodeBlock) -> None:
             for alias in node.names:
                 if _is_ours(alias.name):
                     importlib.import_module(alias.name)
+
+
+def _complete_program(block: CodeBlock) -> bool:
+    """A block that starts with an import is a program, not a fragment."""
+    try:
+        body = ast.parse(block.source).body
+    except SyntaxError:
+        return False
+    return bool(body) and isinstance(body[0], ast.Import | ast.ImportFrom)
+
+
+def test_complete_programs_define_every_name(tmp_path: Path) -> None:
+    """What a reader copies into a file runs as is: no name used but never defined."""
+    programs = {tmp_path / f"block{i}.py": b for i, b in enumerate(_BLOCKS) if _complete_program(b)}
+    assert len(programs) >= 10, "the scanner found too few complete programs"
+    for path, block in programs.items():
+        path.write_text(block.source, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache",
+         "--select", "F821,F822,F823", "--output-format", "json", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    problems = [
+        f"{programs[Path(e['filename'])].where} (line {e['location']['row']} of the block): "
+        f"{e['message']}"
+        for e in json.loads(result.stdout or "[]")
+    ]
+    assert not problems, "doc programs that do not run as written:\n" + "\n".join(problems)
 
 
 # -- (d) the site builds ---------------------------------------------------------------------

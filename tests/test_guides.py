@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -193,11 +194,19 @@ class GuideStep:
     directive: str
 
 
-def _walkthrough() -> list[GuideStep]:
-    """The bash and python blocks of "Your first listener", in order."""
+#: The guide's two walk-throughs, in the order a reader follows them.
+_SECTIONS = (
+    ("## Your first app, in one command", "## What the demo shows"),
+    ("## How production runs", "## Where to go next"),
+)
+
+
+def _walkthrough(section: int) -> list[GuideStep]:
+    """The bash and python blocks of one walk-through of the guide, in order."""
     text = GETTING_STARTED.read_text(encoding="utf-8")
-    start = text.index("## Your first listener")
-    end = text.index("## Where to go next")
+    first, after = _SECTIONS[section]
+    start = text.index(first)
+    end = text.index(after)
     steps = []
     for match in _BLOCK.finditer(text, start, end):
         if match["lang"] not in ("bash", "python"):
@@ -211,14 +220,15 @@ def _walkthrough() -> list[GuideStep]:
 
 
 def test_walkthrough_parser_sees_the_guide() -> None:
-    steps = _walkthrough()
-    assert steps[0].directive == "every-terminal"
-    assert [s.directive for s in steps if s.lang == "python"] == [
+    local, production = _walkthrough(0), _walkthrough(1)
+    assert local[0].directive == production[0].directive == "every-terminal"
+    assert [s.directive for s in local if s.lang == "python"] == [
         "file myapp.py",
         "file publish.py",
-        "file publish_again.py",
     ]
-    assert sum(s.directive.startswith("background") for s in steps) == 3
+    assert [s.directive for s in production if s.lang == "python"] == ["file publish_again.py"]
+    assert sum(s.directive.startswith("background") for s in local) == 1
+    assert sum(s.directive.startswith("background") for s in production) == 3
 
 
 class _Walk:
@@ -295,40 +305,24 @@ class _Walk:
     reason="the guide activates the checkout's .venv; run scripts/setup.sh first",
 )
 def test_getting_started_followed_literally_handles_messages(tmp_path: Path) -> None:
+    """Both walk-throughs, one after the other in one home: ``streamkit dev``,
+    then the four processes of "How production runs" with the same files."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "streamkit").symlink_to(ROOT)  # the guide's ~/streamkit checkout
     walk = _Walk(home, {"6379": str(free_port()), "8080": str(free_port())})
     workdir = home / "hello-streamkit"
-    listener: tuple[subprocess.Popen[bytes], Path] | None = None
     try:
-        for step in _walkthrough():
-            if step.directive == "every-terminal":
-                walk.bash(step.source)  # works on its own ...
-                walk.terminal = walk.text(step.source)  # ... and starts every terminal
-                assert workdir.is_dir() and not any(workdir.iterdir()), "not an empty directory"
-            elif step.directive.startswith("file "):
-                (workdir / step.directive.removeprefix("file ")).write_text(step.source)
-            elif step.directive.startswith("background "):
-                ready = shlex.split(step.directive.removeprefix("background "))[0]
-                started = walk.start(step.source, ready)
-                if "streamkit run" in step.source:
-                    listener = started
-            else:
-                assert step.lang == "bash" and not step.directive, step
-                output = walk.bash(step.source)
-                if "python publish.py" in step.source:
-                    assert listener is not None, "the guide publishes before a listener runs"
-                    names = ["hello, ada", "hello, grace", "hello, linus"]
-                    walk.wait_for(listener[1], names, listener[0], "the listener")
-                    assert output.count("PublishResult(") == 3, output
-                elif "python publish_again.py" in step.source:
-                    assert listener is not None
-                    walk.wait_for(listener[1], ["hello again, ada"], listener[0], "the listener")
-                elif "streamkit status" in step.source:
-                    assert "shard 3 key=greetings:3" in output and "member " in output, output
-        assert listener is not None, "the guide never runs a listener"
-        # Step "Stop it": Ctrl-C drains and leaves, exit status 0.
+        dev = _walk_section(walk, 0, workdir)
+        # "Stop it": Ctrl-C drains the app, then stops the coordinator and Redis.
+        proc, log = dev
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 0, log.read_text()
+        text = log.read_text()
+        assert "left the group" in text and "stopped the app" in text, text
+        assert not (workdir / ".env").exists(), "streamkit dev left its .env behind"
+        _assert_ports_closed(text)
+        listener = _walk_section(walk, 1, workdir)
         proc, log = listener
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(30) == 0, log.read_text()
@@ -336,3 +330,59 @@ def test_getting_started_followed_literally_handles_messages(tmp_path: Path) -> 
         assert not (workdir / "dump.rdb").exists(), "the throwaway Redis wrote dump.rdb"
     finally:
         walk.stop_all()
+
+
+def _walk_section(walk: _Walk, section: int, workdir: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """Run one walk-through's steps; the listener process (left running)."""
+    listener: tuple[subprocess.Popen[bytes], Path] | None = None
+    for step in _walkthrough(section):
+        if step.directive == "every-terminal":
+            walk.bash(step.source)  # works on its own ...
+            walk.terminal = walk.text(step.source)  # ... and starts every terminal
+            if section == 0:
+                assert workdir.is_dir() and not any(workdir.iterdir()), "not an empty directory"
+        elif step.directive.startswith("file "):
+            (workdir / step.directive.removeprefix("file ")).write_text(step.source)
+        elif step.directive.startswith("background "):
+            ready = shlex.split(step.directive.removeprefix("background "))[0]
+            started = walk.start(step.source, ready)
+            if "streamkit run" in step.source or "streamkit dev" in step.source:
+                listener = started
+        else:
+            assert step.lang == "bash" and not step.directive, step
+            output = walk.bash(step.source)
+            _check_step(walk, step.source, output, listener)
+    assert listener is not None, "the guide never runs a listener"
+    return listener
+
+
+def _check_step(
+    walk: _Walk, source: str, output: str, listener: tuple[subprocess.Popen[bytes], Path] | None
+) -> None:
+    """What the guide says a command shows, it shows."""
+    if "streamkit publish" in source or "python publish" in source:
+        assert listener is not None, "the guide publishes before a listener runs"
+    if "streamkit publish" in source:
+        assert listener is not None and "published to greetings:" in output, output
+        walk.wait_for(listener[1], ["hello, ada"], listener[0], "the listener")
+    elif "python publish.py" in source:
+        assert listener is not None and output.count("PublishResult(") == 3, output
+        names = ["hello, ada", "hello, grace", "hello, linus"]
+        walk.wait_for(listener[1], names, listener[0], "the listener")
+    elif "python publish_again.py" in source:
+        assert listener is not None
+        walk.wait_for(listener[1], ["hello again, ada"], listener[0], "the listener")
+    elif "streamkit status" in source:
+        assert "shard 3 key=greetings:3" in output and "member " in output, output
+    elif "streamkit stream create" in source:
+        assert "created stream 'greetings' with 4 shards" in output, output
+        assert "created group 'printer'" in output, output
+
+
+def _assert_ports_closed(dev_log: str) -> None:
+    """The private Redis and the coordinator ``streamkit dev`` announced are gone."""
+    ports = re.findall(r"127\.0\.0\.1:(\d+)", dev_log.split("\n", 1)[0])
+    assert len(ports) == 2, dev_log
+    for port in ports:
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", int(port))) != 0, f"port {port} still open"

@@ -4,7 +4,12 @@ an app runs in the test's event loop on the session's real redis-server and coor
 
 from __future__ import annotations
 
+import configparser
+import os
 import re
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +129,37 @@ async def test_kill_and_restart_move_shards_and_redeliver_unacked(
         await harness.drain()
     assert [n for _, n in done].count("held") == 1
     assert "after" in [n for _, n in done]
+
+
+def _config_blocks() -> dict[str, str]:
+    text = DOC.read_text()
+    return {lang: re.findall(rf"```{lang}\n(.*?)```", text, re.S)[0] for lang in ("toml", "ini")}
+
+
+@pytest.mark.redis  # the fresh project's session starts its own redis-server
+def test_the_docs_project_runs_as_written(tmp_path: Path) -> None:
+    """A new project holding only the guide's config block and its test file
+    passes: the page starts with everything pytest needs."""
+    (tests,) = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    (tmp_path / "pyproject.toml").write_text(_config_blocks()["toml"])
+    (tmp_path / "test_orders.py").write_text(tests)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMKIT_", "PYTEST_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout, result.stdout
+
+
+def test_the_docs_pytest_ini_says_the_same() -> None:
+    """The ``pytest.ini`` alternative sets what the ``pyproject`` block sets."""
+    blocks = _config_blocks()
+    toml = tomllib.loads(blocks["toml"])["tool"]["pytest"]["ini_options"]
+    ini = configparser.ConfigParser()
+    ini.read_string(blocks["ini"])
+    assert dict(ini["pytest"]) == {k: str(v) for k, v in toml.items()}

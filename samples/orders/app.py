@@ -12,11 +12,16 @@ or that still fails after the policy's last attempt, lands in the dead-letter
 stream ``orders:dlq:billing``; look at it with::
 
     streamkit dlq list orders billing
-    streamkit dlq replay orders billing --payload-key order_id   # after a fix
+    # after a fix; order_id is the key the publisher routes orders by
+    streamkit dlq replay orders billing --payload-key order_id
 
-Run it (coordinator and Redis up, the ``orders`` and ``invoices`` streams
-created; ``streamkit demo`` does all of that for you), with the coordinator's
-credentials (heartbeats and routing need them)::
+Run it on your machine, with a private Redis and coordinator (the streams it
+declares below are created at start; Ctrl-C stops everything)::
+
+    streamkit dev samples.orders.app:app
+
+or against running ones, with credentials that may heartbeat (and, to create
+what is missing, the WRITE role)::
 
     STREAMKIT_COORDINATOR_USERNAME=admin STREAMKIT_COORDINATOR_PASSWORD=... \
         streamkit run samples.orders.app:app
@@ -91,6 +96,10 @@ class Container(containers.DeclarativeContainer):
 
 container = Container()
 app = StreamKit(container=container)
+# The streams this app needs: created at start when missing (with the groups
+# its listener and publisher use), never resharded if they exist.
+app.stream(ORDERS, shards=8)
+app.stream(INVOICES, shards=4)
 app.publisher(stream_prefix=INVOICES, group=ACCOUNTING, provide_as="invoices_publisher")
 
 

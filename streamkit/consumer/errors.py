@@ -35,8 +35,9 @@ class GroupNotFoundError(StreamkitError):
             f"the coordinator at {coordinator_url} has no consumer group {consumer_group!r} "
             f"on stream {stream_prefix!r}; "
             + (f"{hint} Otherwise create" if hint else "create")
-            + f" it first (POST /coord/v1/streams/{stream_prefix}/groups/{consumer_group})"
-            " - members never create groups"
+            + f" it first: streamkit group create {stream_prefix} {consumer_group} (or declare"
+            f" the stream in the app, app.stream({stream_prefix!r}, shards=N), to have it"
+            " created at start)"
         )
         self.stream_prefix = stream_prefix
         self.consumer_group = consumer_group

@@ -33,6 +33,7 @@ from rich.table import Table
 
 from streamkit.connections import AsyncRedis, connect_redis
 from streamkit.coordinator_client import CoordinatorClient
+from streamkit.demo.dev import client_env
 from streamkit.errors import StreamkitError
 from streamkit.protocol import API_PREFIX
 from streamkit.publisher.publisher import Publisher, PublishError
@@ -171,13 +172,8 @@ def _wait_for_enter(console: Console, prompt: str) -> bool:
 
 
 def _client_env(coordinator: CoordinatorProcess, redis_url: str, cluster: bool) -> dict[str, str]:
-    user, password = coordinator.admin_auth
     return {
-        "STREAMKIT_COORDINATOR_URL": coordinator.url,
-        "STREAMKIT_COORDINATOR_USERNAME": user,
-        "STREAMKIT_COORDINATOR_PASSWORD": password,
-        "STREAMKIT_REDIS_URL": redis_url,
-        "STREAMKIT_REDIS_CLUSTER": "true" if cluster else "false",
+        **client_env(coordinator, redis_url, cluster),
         "STREAMKIT_ROUTING_REFRESH_INTERVAL": "0.5",
         "STREAMKIT_ROUTING_LEASE": str(ROUTING_LEASE_S),
     }

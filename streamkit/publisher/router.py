@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
+from redis.exceptions import RedisError
 
 from streamkit.connections import AsyncRedis
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
@@ -271,7 +272,16 @@ class Router:
         pipe = redis.pipeline(transaction=False)
         for key in table.shard_keys:
             pipe.type(key)
-        kinds = [text(kind) for kind in await pipe.execute()]
+        try:
+            kinds = [text(kind) for kind in await pipe.execute()]
+        except (RedisError, OSError) as exc:
+            raise PublisherStartupError(
+                f"cannot reach Redis to check the shard streams of {self.cache.name}: "
+                f"{type(exc).__name__}: {exc}; is redis-server running there? "
+                "STREAMKIT_REDIS_URL sets the address",
+                self.stream_prefix,
+                self.consumer_group,
+            ) from None
         found = {
             k: kind for k, kind in zip(table.shard_keys, kinds, strict=True) if kind != "stream"
         }
@@ -299,8 +309,8 @@ class Router:
                 f"the coordinator has no consumer group {self.consumer_group!r} for stream "
                 f"{self.stream_prefix!r}; "
                 + (f"{hint} Otherwise create" if hint else "create")
-                + f" it (POST /coord/v1/streams/{self.stream_prefix}/groups/"
-                f"{self.consumer_group}) before publishing",
+                + f" it before publishing: streamkit group create {self.stream_prefix} "
+                f"{self.consumer_group}",
                 self.stream_prefix,
                 self.consumer_group,
             )

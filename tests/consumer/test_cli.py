@@ -87,7 +87,7 @@ def test_unreachable_redis_fails_fast_naming_the_address() -> None:
         "SKT_RECORD": os.devnull,
     }
     result = run("run", "tests.consumer.apps.recording:app", env=env)
-    assert result.returncode == 1, result
+    assert result.returncode == 2, result
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: cannot reach Redis at "), lines
     assert url.replace("secret", "***") in lines[0] and "secret" not in lines[0]
@@ -167,11 +167,11 @@ async def test_a_typo_in_the_group_names_the_existing_one(
         coordinator, any_redis, base="cli", prefix=prefix, group="printr", record=Path(os.devnull)
     )
     result = run("run", "tests.consumer.apps.recording:app", env=env)
-    assert result.returncode == 1, result
+    assert result.returncode == 2, result
     last = result.stderr.strip().splitlines()[-1]
     assert "no consumer group 'printr'" in last and "did you mean 'printer'?" in last, last
     status = run("status", prefix, "printr", env=env)
-    assert status.returncode == 1 and "did you mean 'printer'?" in status.stderr, status
+    assert status.returncode == 2 and "did you mean 'printer'?" in status.stderr, status
 
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
@@ -203,7 +203,7 @@ def test_unknown_group_is_one_clear_line(coordinator: Any, any_redis: RedisTarge
         record=Path(os.devnull),
     )
     result = run("run", "tests.consumer.apps.recording:app", env=env)
-    assert result.returncode == 1, result
+    assert result.returncode == 2, result
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "no consumer group 'nobody'" in last, result.stderr
     assert "Traceback" not in result.stderr

@@ -58,7 +58,7 @@ async def test_a_typo_in_the_group_is_named(stack: Stack) -> None:
         await stack.publisher(group="printr").start()
     message = str(caught.value)
     assert "did you mean 'printer'?" in message, message
-    assert f"POST /coord/v1/streams/{stack.prefix}/groups/printr" in message  # or create it
+    assert f"streamkit group create {stack.prefix} printr" in message  # or create it
 
 
 async def test_start_needs_a_reachable_coordinator(stack: Stack) -> None:

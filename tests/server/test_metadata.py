@@ -44,7 +44,7 @@ async def test_deleted_metadata_fails_closed_and_is_never_rebuilt(
             assert response.status_code == 404
             error = response.json()
             assert error["status"] == "404" and error["errorCode"] == "GROUP_NOT_FOUND"
-            assert "POST /coord/v1/streams/lost/groups/g" in error["message"]
+            assert "streamkit group create lost g" in error["message"]
         after = await metric(http, coordinator, "redis_stream_coord_metadata_missing_total")
         assert after - before == 2
         routing = await http.get(

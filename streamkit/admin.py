@@ -1,0 +1,133 @@
+"""The coordinator's admin calls (role ``WRITE``): create, scale and delete.
+
+Used by ``streamkit stream|group ...`` and by the provisioning of declared
+streams at start-up.  Each is one request over the app's (or the command's)
+``CoordinatorClient``; errors are its ``CoordinatorError`` with the status
+and ``errorCode`` the coordinator answered.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from typing import Literal
+from urllib.parse import quote
+
+from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
+from streamkit.protocol import (
+    API_PREFIX,
+    CreateGroupRequest,
+    CreateStreamRequest,
+    DeleteGroupRequest,
+    GroupResponse,
+    ScaleStreamRequest,
+    StreamCreateResponse,
+    StreamScaleResponse,
+)
+
+__all__ = [
+    "Ordering",
+    "create_group",
+    "create_stream",
+    "delete_group",
+    "is_conflict",
+    "requested_by",
+    "scale_stream",
+]
+
+#: streamkit's extension of the create and scale requests (docs/resharding.md).
+Ordering = Literal["none", "key"]
+
+
+class _CreateStream(CreateStreamRequest):
+    ordering: Ordering | None = None
+
+
+class _ScaleStream(ScaleStreamRequest):
+    ordering: Ordering | None = None
+
+
+def requested_by(username: str | None = None) -> str:
+    """Who the audit log names: the coordinator principal, and who ran it where."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container with an arbitrary uid)
+        user = "unknown"
+    where = f"{user}@{socket.gethostname()}"
+    return f"{username} ({where})" if username else where
+
+
+def _stream_path(stream_prefix: str) -> str:
+    return f"{API_PREFIX}/streams/{quote(stream_prefix, safe='')}"
+
+
+async def create_stream(
+    client: CoordinatorClient,
+    stream_prefix: str,
+    shards: int | None,
+    *,
+    requested_by: str,
+    reason: str | None = None,
+    ordering: Ordering | None = None,
+) -> StreamCreateResponse:
+    """``createStreamGroup``: 201, or ``CoordinatorError`` 409 ``STREAM_ALREADY_EXISTS``."""
+    body = _CreateStream(
+        initial_shard_count=shards, requested_by=requested_by, reason=reason, ordering=ordering
+    )
+    return await client._call("POST", _stream_path(stream_prefix), StreamCreateResponse, body=body)
+
+
+async def create_group(
+    client: CoordinatorClient,
+    stream_prefix: str,
+    group: str,
+    shards: int | None = None,
+    *,
+    requested_by: str,
+    reason: str | None = None,
+) -> GroupResponse:
+    """``createCoordinatorGroup``: 201, or 409 ``GROUP_ALREADY_EXISTS``.
+
+    Without ``shards`` the group takes the stream's shards (or the
+    coordinator's default for a new stream).
+    """
+    body = CreateGroupRequest(initial_shard_count=shards, requested_by=requested_by, reason=reason)
+    path = client.group_path(stream_prefix, group)
+    return await client._call("POST", path, GroupResponse, body=body)
+
+
+async def delete_group(
+    client: CoordinatorClient,
+    stream_prefix: str,
+    group: str,
+    *,
+    requested_by: str,
+    reason: str,
+    force: bool = False,
+) -> GroupResponse:
+    """``deleteCoordinatorGroup``: the group as it was; 422 while it has members."""
+    body = DeleteGroupRequest(requested_by=requested_by, reason=reason, force=force)
+    path = client.group_path(stream_prefix, group)
+    return await client._call("DELETE", path, GroupResponse, body=body)
+
+
+async def scale_stream(
+    client: CoordinatorClient,
+    stream_prefix: str,
+    shards: int,
+    *,
+    requested_by: str,
+    reason: str,
+    ordering: Ordering | None = None,
+) -> StreamScaleResponse:
+    """``scaleStreamShards``: 202 with one migration per group."""
+    body = _ScaleStream(
+        target_shard_count=shards, requested_by=requested_by, reason=reason, ordering=ordering
+    )
+    path = f"{_stream_path(stream_prefix)}/scale"
+    return await client._call("POST", path, StreamScaleResponse, body=body)
+
+
+def is_conflict(exc: CoordinatorError, *codes: str) -> bool:
+    """A 409 with one of ``codes`` (any 409 without codes)."""
+    return exc.status_code == 409 and (not codes or exc.error_code in codes)

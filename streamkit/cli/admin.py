@@ -1,0 +1,308 @@
+"""``streamkit stream ...`` and ``streamkit group ...``: the coordinator's admin API.
+
+Each command uses the ``STREAMKIT_COORDINATOR_*`` settings (creating, scaling
+and deleting need the ``WRITE`` role, listing ``READ``), prints what changed
+in one line per change, or with ``--json`` the coordinator's answer as one
+JSON document.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+
+from streamkit.cli.common import EXIT_FAILED, fail, load_settings, run_async
+
+if TYPE_CHECKING:
+    from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
+    from streamkit.protocol import GroupResponse
+
+__all__ = ["group", "stream"]
+
+T = TypeVar("T")
+
+stream = typer.Typer(
+    name="stream", help="Create, list, scale and delete streams.", no_args_is_help=True
+)
+group = typer.Typer(
+    name="group", help="Create, list and delete consumer groups.", no_args_is_help=True
+)
+
+_Stream = Annotated[str, typer.Argument(help="The stream prefix, e.g. 'orders'.")]
+_Group = Annotated[str, typer.Argument(help="The consumer group, e.g. 'billing'.")]
+_Json = Annotated[bool, typer.Option("--json", help="Print the answer as one JSON document.")]
+_Reason = Annotated[str | None, typer.Option(help="Why, for the coordinator's audit log.")]
+_Force = Annotated[
+    bool,
+    typer.Option(help="Delete even with live members (recovery only: they lose their group)."),
+]
+_Ordering = Annotated[
+    str | None,
+    typer.Option(help="'key' keeps per-key order across scales (docs/resharding.md), or 'none'."),
+]
+
+
+def _admin(
+    what: str, work: Callable[[CoordinatorClient, str], Awaitable[T]], role: str = "WRITE"
+) -> T:
+    """Run ``work(client, requested_by)``; a refusal becomes one ``error:`` line."""
+    from streamkit.admin import requested_by
+    from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
+
+    settings = load_settings(quiet=True)
+
+    async def call() -> T:
+        async with CoordinatorClient.from_settings(settings) as client:
+            return await work(client, requested_by(settings.coordinator_username))
+
+    try:
+        return run_async(call)
+    except CoordinatorError as exc:
+        fail(_refusal(what, role, settings.coordinator_username, exc), _status(exc))
+
+
+def _status(exc: CoordinatorError) -> int:
+    # Credentials are configuration (2); a refused change is a failure (1).
+    return 2 if exc.status_code in (401, 403) else EXIT_FAILED
+
+
+def _refusal(what: str, role: str, username: str | None, exc: CoordinatorError) -> str:
+    if exc.status_code == 403:
+        who = f"principal {username!r}" if username else "client"
+        return (
+            f"{what} needs the {role} role, which the coordinator {who} lacks "
+            "(STREAMKIT_COORDINATOR_USERNAME / STREAMKIT_COORDINATOR_PASSWORD name it)"
+        )
+    text = str(exc).replace("force=true", "--force")
+    hint = _HINTS.get(exc.error_code or "", "")
+    return f"{what}: {text}{hint}"
+
+
+_HINTS = {
+    "STREAM_ALREADY_EXISTS": " (`streamkit stream list` shows it; `streamkit stream scale` "
+    "changes its shards)",
+    "GROUP_ALREADY_EXISTS": " (`streamkit group list` shows it)",
+    "SHARD_COUNT_MISMATCH": " (leave --shards out: a group takes its stream's shards)",
+    "GROUP_NOT_FOUND": " (`streamkit group list` shows the groups)",
+    "STREAM_NOT_FOUND": " (`streamkit stream create` makes it)",
+}
+
+
+def _print(as_json: bool, document: Any, lines: list[str]) -> None:
+    if as_json:
+        typer.echo(json.dumps(document, ensure_ascii=False))
+    else:
+        for line in lines:
+            typer.echo(line)
+
+
+# -- streams -----------------------------------------------------------------------
+
+
+@stream.command("create")
+def stream_create(
+    name: _Stream,
+    shards: Annotated[
+        int | None,
+        typer.Option(min=1, help="Shard count (default: the coordinator's default, 4)."),
+    ] = None,
+    ordering: _Ordering = None,
+    reason: _Reason = None,
+    as_json: _Json = False,
+) -> None:
+    """Create a stream: its shard streams in Redis and its record on the coordinator."""
+    from streamkit.admin import create_stream
+
+    checked = _ordering(ordering)
+    created = _admin(
+        f"creating stream {name!r}",
+        lambda client, who: create_stream(
+            client, name, shards, requested_by=who, reason=reason, ordering=checked
+        ),
+    )
+    _print(
+        as_json,
+        created.to_wire(),
+        [f"created stream {name!r} with {created.shard_count} shards"],
+    )
+
+
+@stream.command("list")
+def stream_list(as_json: _Json = False) -> None:
+    """List the streams that have consumer groups, with their shards and groups."""
+    groups = _groups(None)
+    streams: dict[str, dict[str, Any]] = {}
+    for g in groups:
+        entry = streams.setdefault(
+            g.stream_prefix,
+            {"streamPrefix": g.stream_prefix, "shardCount": g.shard_count, "groups": []},
+        )
+        entry["groups"].append(g.consumer_group)
+        if g.active_migration is not None:
+            entry["activeMigration"] = g.active_migration.to_wire()
+    lines = [
+        f"{s['streamPrefix']}  shards={s['shardCount']}  groups={','.join(s['groups'])}"
+        + ("  (resharding)" if "activeMigration" in s else "")
+        for s in streams.values()
+    ] or ["no streams with groups"]
+    _print(as_json, {"streams": list(streams.values())}, lines)
+
+
+@stream.command("scale")
+def stream_scale(
+    name: _Stream,
+    shards: Annotated[int, typer.Argument(min=0, help="The new shard count (0 drains all).")],
+    ordering: _Ordering = None,
+    reason: _Reason = None,
+    as_json: _Json = False,
+) -> None:
+    """Reshard a stream (every group of it moves): new shards first, old ones drained."""
+    from streamkit.admin import scale_stream
+
+    checked = _ordering(ordering)
+    scaled = _admin(
+        f"scaling stream {name!r}",
+        lambda client, who: scale_stream(
+            client,
+            name,
+            shards,
+            requested_by=who,
+            reason=reason or f"streamkit stream scale {name} {shards}",
+            ordering=checked,
+        ),
+    )
+    groups = ", ".join(repr(g) for g in scaled.affected_consumer_groups)
+    lines = [f"scaling stream {name!r} to {shards} shards (groups {groups})"]
+    lines += [
+        f"migration {m.resharding_id}: {m.from_shard_count} -> {m.to_shard_count} shards, "
+        f"{m.state.value if m.state else '?'}"
+        for m in scaled.migrations[:1]
+    ]
+    lines.append(f"`streamkit status {name} GROUP` shows its progress")
+    _print(as_json, scaled.to_wire(), lines)
+
+
+@stream.command("delete")
+def stream_delete(
+    name: _Stream, force: _Force = False, reason: _Reason = None, as_json: _Json = False
+) -> None:
+    """Delete every consumer group of a stream (its shard streams stay in Redis)."""
+    from streamkit.admin import delete_group
+
+    names = [g.consumer_group for g in _groups(name)]
+    if not names:
+        fail(f"stream {name!r} has no consumer groups (`streamkit stream list`)", EXIT_FAILED)
+
+    async def work(client: CoordinatorClient, who: str) -> list[str]:
+        for group_name in names:
+            await delete_group(
+                client,
+                name,
+                group_name,
+                requested_by=who,
+                reason=reason or f"streamkit stream delete {name}",
+                force=force,
+            )
+        return names
+
+    deleted = _admin(f"deleting the groups of stream {name!r}", work)
+    lines = [f"deleted group {g!r} of stream {name!r}" for g in deleted]
+    lines.append(
+        f"the shard streams {name}:* and their entries stay in Redis (the coordinator has no "
+        f"stream delete); `streamkit group create {name} GROUP` uses them again"
+    )
+    _print(as_json, {"streamPrefix": name, "deletedGroups": deleted}, lines)
+
+
+def _ordering(value: str | None) -> Any:
+    if value not in (None, "none", "key"):
+        fail(f"--ordering must be 'none' or 'key', got {value!r}")
+    return value
+
+
+# -- groups ------------------------------------------------------------------------
+
+
+@group.command("create")
+def group_create(
+    stream_name: _Stream,
+    name: _Group,
+    shards: Annotated[
+        int | None,
+        typer.Option(min=1, help="Only for a new stream: its shard count (default 4)."),
+    ] = None,
+    reason: _Reason = None,
+    as_json: _Json = False,
+) -> None:
+    """Create a consumer group on a stream (the stream too, if it is new)."""
+    from streamkit.admin import create_group
+
+    created = _admin(
+        f"creating group {name!r} of stream {stream_name!r}",
+        lambda client, who: create_group(
+            client, stream_name, name, shards, requested_by=who, reason=reason
+        ),
+    )
+    _print(
+        as_json,
+        created.to_wire(),
+        [f"created group {name!r} on stream {stream_name!r} ({created.shard_count} shards)"],
+    )
+
+
+@group.command("list")
+def group_list(
+    stream_name: Annotated[
+        str | None, typer.Argument(help="Only the groups of this stream.")
+    ] = None,
+    as_json: _Json = False,
+) -> None:
+    """List consumer groups: stream, group, state, shards, members holding shards."""
+    groups = _groups(stream_name)
+    lines = [
+        f"{g.stream_prefix} {g.consumer_group}  state={g.state.value}  shards={g.shard_count}  "
+        f"owners={len(g.current_assignment_summary)}"
+        for g in groups
+    ] or ["no consumer groups" + (f" on stream {stream_name!r}" if stream_name else "")]
+    _print(as_json, {"groups": [g.to_wire() for g in groups]}, lines)
+
+
+@group.command("delete")
+def group_delete(
+    stream_name: _Stream,
+    name: _Group,
+    force: _Force = False,
+    reason: _Reason = None,
+    as_json: _Json = False,
+) -> None:
+    """Delete a consumer group (refused while it has live members, unless --force)."""
+    from streamkit.admin import delete_group
+
+    deleted = _admin(
+        f"deleting group {name!r} of stream {stream_name!r}",
+        lambda client, who: delete_group(
+            client,
+            stream_name,
+            name,
+            requested_by=who,
+            reason=reason or f"streamkit group delete {stream_name} {name}",
+            force=force,
+        ),
+    )
+    _print(as_json, deleted.to_wire(), [f"deleted group {name!r} of stream {stream_name!r}"])
+
+
+def _groups(stream_name: str | None) -> list[GroupResponse]:
+    """Every group (of ``stream_name``), sorted (role READ)."""
+
+    async def work(client: CoordinatorClient, _who: str) -> list[GroupResponse]:
+        listing = await client.list_groups()
+        return sorted(
+            (g for g in listing.groups if stream_name in (None, g.stream_prefix)),
+            key=lambda g: (g.stream_prefix, g.consumer_group),
+        )
+
+    return _admin("listing groups", work, role="READ")

@@ -1,0 +1,88 @@
+"""What every command shares: exit statuses, ``error:`` lines, logging, settings.
+
+Exit statuses: 0 done; 1 the command started and then failed (an unexpected
+error, dead letters that could not be replayed); 2 it could not start: a bad
+flag, setting or target, or a service it needs that is missing or refuses.
+A status 2 always comes with one ``error:`` line that names what to change.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, NoReturn, TypeVar
+
+import typer
+
+if TYPE_CHECKING:
+    from streamkit.settings import StreamKitSettings
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_USAGE",
+    "LOG_LEVELS",
+    "check_log_level",
+    "configure_logging",
+    "debug_enabled",
+    "fail",
+    "load_settings",
+    "run_async",
+]
+
+T = TypeVar("T")
+
+#: The command could not start (one ``error:`` line names the fix).
+EXIT_USAGE = 2
+#: It started and failed.
+EXIT_FAILED = 1
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def debug_enabled() -> bool:
+    """``STREAMKIT_DEBUG=1`` (or ``streamkit -v``): show tracebacks."""
+    return os.environ.get("STREAMKIT_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def check_log_level(level: str) -> str:
+    if level.lower() not in LOG_LEVELS:
+        fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    return level.lower()
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=check_log_level(level).upper(),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if level.lower() != "debug":
+        # One line per heartbeat request would drown everything else.
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def load_settings(*, quiet: bool = False) -> StreamKitSettings:
+    """``STREAMKIT_*`` settings; an invalid one raises ``SettingsError`` (one line).
+
+    ``quiet``: a command that prints its own outcome logs errors only, so a
+    client's warning (a refused login) does not repeat its ``error:`` line.
+    """
+    from streamkit.settings import StreamKitSettings
+
+    if quiet:
+        logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    return StreamKitSettings()
+
+
+def run_async(work: Callable[[], Awaitable[T]]) -> T:
+    """``anyio.run(work)``; errors propagate to ``main``, which prints them as one line."""
+    import anyio
+
+    return anyio.run(work)

@@ -1,0 +1,170 @@
+"""``streamkit dev app:app``: the local loop in one command.
+
+It starts a private ``redis-server`` (unless ``--redis-url`` names one) and a
+coordinator with a generated admin password, points the app at them, creates
+the streams and groups the app uses (its declared shard counts; the
+coordinator's default for streams it does not declare), and serves the app
+like ``streamkit run``.  Ctrl-C drains the app first, then stops the
+coordinator and Redis, so nothing is left running and no port stays taken.
+
+It prints what a second terminal needs to publish or look (``export ...``),
+and with ``--env-file`` also writes it to a file the ``streamkit`` commands
+and apps of that directory read (``.env``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from streamkit.errors import StreamkitError
+
+if TYPE_CHECKING:
+    from streamkit.app import StreamKit
+    from streamkit.testing.coordinator import CoordinatorProcess
+
+__all__ = ["DevError", "DevOptions", "client_env", "run_dev"]
+
+log = logging.getLogger("streamkit.dev")
+
+#: Marks a settings file this command wrote (and may overwrite and remove).
+_MARKER = "# written by `streamkit dev`; removed when it stops\n"
+# A local loop wants a quick rebalance when a second process joins, not the
+# production 3 s heartbeats and 15 s lease.
+_HEARTBEAT_MS, _LEASE_MS, _REBALANCE_MS, _TICK_MS = 1_000, 5_000, 10_000, 250
+
+
+class DevError(StreamkitError):
+    """``streamkit dev`` cannot set up its Redis or coordinator."""
+
+
+@dataclass(frozen=True)
+class DevOptions:
+    target: str
+    redis_url: str | None = None
+    redis_cluster: bool = False
+    port: int | None = None
+    env_file: Path | None = None
+    http: str | None = None
+
+
+def run_dev(options: DevOptions) -> int:
+    """Run until Ctrl-C (or SIGTERM); the exit status."""
+    from streamkit.cli.run import serve_until_signalled
+    from streamkit.cli.target import load_app, parse_target
+
+    parse_target(options.target, "dev")  # a typo fails before anything starts
+    with contextlib.ExitStack() as stack:
+        redis_url = options.redis_url or _private_redis(stack)
+        password = secrets.token_urlsafe(12)
+        coordinator = _coordinator(stack, redis_url, options, password)
+        settings = client_env(coordinator, redis_url, options.redis_cluster)
+        _announce(coordinator.url, redis_url, options.redis_url is None, password, settings)
+        if options.env_file is not None:
+            stack.enter_context(_settings_file(options.env_file, settings))
+        # The app reads its settings when its module creates it: set them first.
+        os.environ.pop("STREAMKIT_COORDINATOR_TOKEN", None)
+        os.environ.update(settings)
+        app = load_app(options.target, command="dev")
+        for prefix in _undeclared_streams(app):
+            log.info(
+                "creating stream %r with the coordinator's default shard count if missing "
+                "(declare it to choose: app.stream(%r, shards=N))",
+                prefix,
+                prefix,
+            )
+            app.stream(prefix)
+        status = serve_until_signalled(app, options.http)
+    what = "the coordinator and Redis" if options.redis_url is None else "the coordinator"
+    log.info("stopped the app, %s", what)
+    return status
+
+
+def client_env(coordinator: CoordinatorProcess, redis_url: str, cluster: bool) -> dict[str, str]:
+    """The ``STREAMKIT_*`` settings of a client of ``coordinator`` (as its admin)."""
+    user, password = coordinator.admin_auth
+    return {
+        "STREAMKIT_COORDINATOR_URL": coordinator.url,
+        "STREAMKIT_COORDINATOR_USERNAME": user,
+        "STREAMKIT_COORDINATOR_PASSWORD": password,
+        "STREAMKIT_REDIS_URL": redis_url,
+        "STREAMKIT_REDIS_CLUSTER": "true" if cluster else "false",
+    }
+
+
+def _private_redis(stack: contextlib.ExitStack) -> str:
+    from streamkit.testing.redis_server import RedisNotInstalledError, RedisServer
+
+    try:
+        server = RedisServer()
+    except RedisNotInstalledError as exc:
+        raise DevError(f"{exc}; or pass --redis-url to use a Redis you run") from None
+    return stack.enter_context(server).url
+
+
+def _coordinator(
+    stack: contextlib.ExitStack, redis_url: str, options: DevOptions, password: str
+) -> CoordinatorProcess:
+    from streamkit.testing.coordinator import CoordinatorError, CoordinatorProcess
+
+    process = CoordinatorProcess(
+        redis_url,
+        cluster=options.redis_cluster,
+        admin_password=password,
+        # Generated once in Redis, as in production (not the tests' fixed secret).
+        token_secret=None,
+        port=options.port,
+        heartbeat_interval_ms=_HEARTBEAT_MS,
+        member_lease_ttl_ms=_LEASE_MS,
+        rebalance_timeout_ms=_REBALANCE_MS,
+        tick_interval_ms=_TICK_MS,
+    )
+    try:
+        return stack.enter_context(process)
+    except CoordinatorError as exc:
+        last = str(exc).strip().splitlines()[-1] if str(exc).strip() else "no output"
+        port = f" (is port {options.port} free? --port chooses another)" if options.port else ""
+        raise DevError(f"the coordinator did not start{port}: {last}") from None
+
+
+def _announce(url: str, redis_url: str, private: bool, password: str, env: dict[str, str]) -> None:
+    from streamkit.connections import redacted_url
+
+    where = "a private redis-server, gone at exit" if private else "yours"
+    exports = " ".join(f"{name}={value}" for name, value in env.items())
+    lines = [
+        f"streamkit dev: Redis {redacted_url(redis_url)} ({where}), coordinator {url}",
+        f"console: {url}/console/  (user admin, password {password}: shown only now)",
+        "in another terminal, to publish or look with these settings:",
+        f"export {exports}",
+    ]
+    print("\n".join(lines), flush=True)
+
+
+@contextlib.contextmanager
+def _settings_file(path: Path, env: dict[str, str]) -> Iterator[None]:
+    """Write ``env`` to ``path`` (refusing to replace a file it did not write)."""
+    if path.exists() and not path.read_text(encoding="utf-8").startswith(_MARKER):
+        raise DevError(
+            f"--env-file {path} exists and was not written by streamkit dev; "
+            "name another file, or move it away"
+        )
+    path.write_text(_MARKER + "".join(f"{k}={v}\n" for k, v in env.items()), encoding="utf-8")
+    print(f"(also written to {path}, which streamkit commands in that directory read)")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _undeclared_streams(app: StreamKit) -> list[str]:
+    declared = {d.stream_prefix for d in app.declared_streams()}
+    used = [x.stream_prefix for x in app.listeners] + [p.stream_prefix for p in app.publishers]
+    return [prefix for prefix in dict.fromkeys(used) if prefix not in declared]

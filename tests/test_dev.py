@@ -1,0 +1,131 @@
+"""``streamkit dev samples.orders.app:app``: from nothing to a handled order.
+
+Exactly the command of the getting-started guide's first path, as a user runs
+it from the checkout: it starts its own Redis and coordinator, creates the
+streams the sample declares, and serves the sample.  An order published with
+the settings it prints is billed; Ctrl-C leaves no process and no port.
+(How fast is measured by ``bench/cli.py``, not asserted here.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+import redis
+from helpers import REPO
+
+from samples.orders.app import BILLING, ORDERS, Order, OrderRepository
+from streamkit import Publisher
+from streamkit.settings import StreamKitSettings
+
+pytestmark = pytest.mark.redis  # starts redis-server (through the command)
+
+
+def _command() -> list[str]:
+    script = Path(sys.executable).with_name("streamkit")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "streamkit"]
+
+
+def _wait_for_line(proc: subprocess.Popen[str], pattern: str, within: float) -> re.Match[str]:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + within
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        found = re.search(pattern, line)
+        if found:
+            return found
+    raise AssertionError(f"no line matching {pattern!r}:\n{''.join(seen)}")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie that init has not reaped yet counts as gone.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z")
+
+
+def _until(check: Callable[[], bool], within: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, f"no {what} within {within:.0f}s:\n{log.read_text()}"
+        time.sleep(0.1)
+
+
+async def _publish(settings: StreamKitSettings, order: Order) -> None:
+    async with Publisher(ORDERS, BILLING, settings=settings) as publisher:
+        await publisher.publish(order.order_id, order)
+
+
+def test_dev_handles_a_published_order_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMKIT_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    log = tmp_path / "dev.err"
+    with open(log, "w") as errors:
+        proc = subprocess.Popen(
+            [*_command(), "dev", "samples.orders.app:app"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            start_new_session=True,
+        )
+    try:
+        exports = _wait_for_line(proc, r"^export (.*)$", within=60)[1]
+        settings = dict(item.split("=", 1) for item in exports.split())
+        coordinator_url = settings["STREAMKIT_COORDINATOR_URL"]
+        redis_url = settings["STREAMKIT_REDIS_URL"]
+        client_settings = StreamKitSettings(
+            **{k.removeprefix("STREAMKIT_").lower(): v for k, v in settings.items()}
+        )
+        _until(lambda: "assigned shards" in log.read_text(), 60, "shards for the sample", log)
+        order = Order(order_id="order-dev-1", amount=Decimal("9.50"))
+        anyio.run(_publish, client_settings, order)
+        data = redis.Redis.from_url(redis_url)
+        try:
+            billed = lambda: bool(data.sismember(OrderRepository.BILLED, order.order_id))  # noqa: E731
+            _until(billed, 30, "billed order", log)
+            redis_pid = int(data.info("server")["process_id"])
+        finally:
+            data.close()
+        coordinator_pid = int(httpx.get(f"{coordinator_url}/healthz").json()["pid"])
+        # Ctrl-C in the terminal: SIGINT to the command's process group.
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    text = log.read_text()
+    assert "left the group" in text and "stopped the app, the coordinator and Redis" in text, text
+    assert "Traceback" not in text, text
+    _until(
+        lambda: _gone(redis_pid) and _gone(coordinator_pid),
+        10,
+        "exit of Redis and the coordinator",
+        log,
+    )
+    for url in (coordinator_url, redis_url):
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
