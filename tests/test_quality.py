@@ -48,8 +48,14 @@ def _imports(path: Path, known: set[str], *, runtime_only: bool = False) -> set[
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & known
+            # ``from pkg import sub`` depends on the submodule; the package's
+            # own ``__init__`` runs first anyway, as every ancestor's does, so
+            # counting it would make a cycle of every package that names its
+            # submodules (a lazy entry point, for one).
+            found |= submodules
+            if len(submodules) < len(node.names):  # a name from the package itself
+                found.add(node.module)
     return found & known
 
 
