@@ -181,7 +181,8 @@ MUTANTS = (
     ),
     Mutant(
         "previous-epoch-as-current",
-        "a previous-epoch heartbeat is processed like a current one",
+        "a report made before the member's current epoch (its previous epoch, or a version"
+        " below the answer that carried the current one) is processed like a current one",
         (
             (
                 HEARTBEAT,
@@ -194,6 +195,7 @@ MUTANTS = (
                 "    if request.member_epoch not in"
                 " (member.member_epoch, member.previous_member_epoch):\n",
             ),
+            (HEARTBEAT, "if request.metadata_version < member.epoch_version:", "if False:"),
         ),
     ),
     Mutant(
