@@ -10,8 +10,11 @@ Rules, in the order they are applied (each names the SPEC/seed rule):
 1. protocol range -> UNSUPPORTED_PROTOCOL; body memberId != path -> INVALID_REQUEST.
 2. timeouts due at ``now`` are applied first (lease expiry, rebalance-timeout
    fencing, release of fenced members' shards): see ``timeouts.py``.
-3. metadataVersion above the stored one -> open (or extend) a correction
-   round; never raise the stored version to match.
+3. a rollback witness (``witness.py``): a metadataVersion above the stored
+   one, or an epoch above the member's record, from a member the group knows,
+   live, under its incarnation, with numbers a coordinator could have issued
+   -> open (or extend) a correction round; never raise the stored version to
+   match.  Other claims are ignored (counted by the service).
 4. memberEpoch 0 -> join / rejoin with empty ownership; releases nothing (it may be
    a late duplicate of an earlier join), the member lets go by omission later.
    A join under another incarnation than the stored member's, while that
@@ -23,14 +26,20 @@ Rules, in the order they are applied (each names the SPEC/seed rule):
 6. memberEpoch > 0:
    * unknown member -> UNKNOWN_MEMBER_ID; another incarnation, expired or
      fenced -> FENCED_MEMBER_EPOCH (the stored member is left alone);
-   * reported version above the stored one -> SYNC_METADATA, ownership untouched;
+   * a rollback claim (rule 3, accepted or not) -> SYNC_METADATA, ownership
+     untouched;
    * the member's previous epoch -> a retry whose response was lost: answer with
      the current view, change no ownership (a late duplicate must not release
      anything);
    * any other epoch than the current one -> FENCED_MEMBER_EPOCH, nothing changes;
+   * the current epoch with a version below the answer that carried it (a
+     report from a history Redis lost) -> SYNC_METADATA, nothing changes;
    * current epoch: validate ownership (claiming a shard it does not hold ->
      fence), release what it no longer reports, grant free target shards, bump
      the member epoch when its view changed.
+
+Epochs are drawn from the clock and never repeat (``Draft._issue_epoch``), so
+"the current epoch" is proof that a report was made in this history.
 """
 
 from __future__ import annotations
