@@ -6,7 +6,7 @@ failure), and reads back which shards may be read, which must be drained, and
 which were lost.  It never does I/O and never reads a clock: every method that
 needs time takes ``now_ms`` from a monotonic clock the caller owns.
 
-Safety rules it enforces (SPEC §5, seed 004 "Contract"):
+Safety rules it enforces (the member side of the protocol, docs/concepts.md):
 
 * a shard is readable only if an ``OK`` response assigned it and the local
   assignment lease, counted from when the request was *sent*, has not run out;

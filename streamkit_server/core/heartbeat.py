@@ -5,7 +5,7 @@ writes ``result.changes`` with a revision CAS and only then sends
 ``result.response``.  Nothing here
 does I/O or reads a clock.
 
-Rules, in the order they are applied (each names the SPEC/seed rule):
+Rules, in the order they are applied:
 
 1. protocol range -> UNSUPPORTED_PROTOCOL; body memberId != path -> INVALID_REQUEST.
 2. timeouts due at ``now`` are applied first (lease expiry, rebalance-timeout
