@@ -142,6 +142,14 @@ class Metrics:
             "Heartbeats reporting a metadataVersion above the one stored in Redis.",
             registry=r,
         )
+        self.rollback_witnesses = Counter(
+            "redis_stream_coord_rollback_witnesses_total",
+            "Heartbeats claiming state Redis lacks, by verdict: accepted (opened or "
+            "restarted a correction round) or why the claim was ignored "
+            "(unknown-member, not-live, other-incarnation, implausible).",
+            ["verdict"],
+            registry=r,
+        )
         self.schema_errors = Counter(
             "redis_stream_coord_metadata_schema_error_total",
             "Loads refused because of an unknown schema/layout version or a corrupt hash.",

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -62,6 +63,7 @@ from streamkit_server.core import (
     MemberUpserted,
     Result,
     Seen,
+    WitnessSeen,
     begin_correction,
     handle_heartbeat,
     join_refusal,
@@ -465,8 +467,12 @@ def heartbeat_op(
     request: HeartbeatRequest,
     config: CoordinatorConfig,
     metrics: Metrics,
+    seen: list[WitnessSeen],
 ) -> Operation[HeartbeatResponse]:
+    """``seen`` receives what the report claimed, when it claimed state Redis lacks."""
+
     def op(group: GroupMetadata | None, now: int) -> Result[HeartbeatResponse]:
+        seen.clear()  # a CAS conflict runs the op again: keep the last run's verdict
         if group is None:
             metrics.metadata_missing.inc()
             raise group_not_found(keys)
@@ -475,7 +481,10 @@ def heartbeat_op(
             raise Rejected("TOO_MANY_MEMBERS", refusal)
         if request.metadata_version > group.metadata_version:
             metrics.metadata_version_ahead.inc()
-        return handle_heartbeat(group, member_id, request, now, config)
+        result = handle_heartbeat(group, member_id, request, now, config)
+        if result.witness is not None:
+            seen.append(result.witness)
+        return result
 
     return op
 
@@ -533,6 +542,12 @@ def delete_group_op(keys: GroupKeys, force: bool) -> Operation[GroupMetadata]:
 # -- the service -------------------------------------------------------------------
 
 
+def _log_audit(record: dict[str, Any]) -> None:
+    logging.getLogger("streamkit_server.audit").info(
+        json.dumps(record, separators=(",", ":"), sort_keys=True)
+    )
+
+
 class CoordinatorService:
     def __init__(
         self,
@@ -549,6 +564,9 @@ class CoordinatorService:
         self.metrics = metrics
         self.gate = gate
         self.executor = GroupExecutor(store, settings, metrics)
+        #: Where records for the audit trail go; the runtime points it at the
+        #: audit log and, when configured, the audit stream.
+        self.audit: Callable[[dict[str, Any]], None] = _log_audit
 
     def keys(self, stream_prefix: str, consumer_group: str) -> GroupKeys:
         return self.store.group_keys(stream_prefix, consumer_group)
@@ -559,10 +577,13 @@ class CoordinatorService:
         self, keys: GroupKeys, member_id: str, request: HeartbeatRequest
     ) -> HeartbeatResponse:
         started = time.perf_counter()
-        op = heartbeat_op(keys, member_id, request, self.config, self.metrics)
+        seen: list[WitnessSeen] = []
+        op = heartbeat_op(keys, member_id, request, self.config, self.metrics, seen)
         try:
             async with self.gate.critical():
                 response = await self.executor.submit(keys, op)
+            if seen:
+                self._witnessed(keys, seen[0])
         except MutexTimeout:
             # Not an HTTP error: the member simply heartbeats again.
             response = HeartbeatResponse(
@@ -578,6 +599,26 @@ class CoordinatorService:
             self.metrics.compatibility_failures.labels("coordination_version").inc()
         self.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
         return response
+
+    def _witnessed(self, keys: GroupKeys, seen: WitnessSeen) -> None:
+        self.metrics.rollback_witnesses.labels(seen.verdict).inc()
+        if not seen.ignored:
+            return
+        # An ignored claim changed nothing, but a member credential sent it:
+        # leave a record an operator can find (issue: forged witnesses).
+        record = {
+            "kind": "ignored-witness",
+            "action": "heartbeat",
+            "streamPrefix": keys.stream_prefix,
+            "consumerGroup": keys.consumer_group,
+            "memberId": seen.member_id[:256],
+            "verdict": seen.verdict,
+            "claimedVersion": seen.claimed_version,
+            "storedVersion": seen.stored_version,
+            "claimedEpoch": seen.claimed_epoch,
+            "storedEpoch": seen.stored_epoch,
+        }
+        self.audit(record)
 
     # -- tick ----------------------------------------------------------------------
 

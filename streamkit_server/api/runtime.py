@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -156,11 +158,19 @@ class Runtime:
                 self.coordinator_id,
             )
             self.audit_stream.start()
+        self._service.audit = self._audit
         address = self.settings.metrics_address()
         if address is not None:
             self.metrics_listener = MetricsListener(self.metrics.registry, *address)
             await self.metrics_listener.start()
             log.info("serving /metrics without credentials on %s", self.settings.metrics_listen)
+
+    def _audit(self, record: dict[str, Any]) -> None:
+        """An audit record the service made (not tied to a refused request)."""
+        line = json.dumps(record, separators=(",", ":"), sort_keys=True, default=str)
+        logging.getLogger("streamkit_server.audit").info(line)
+        if self.audit_stream is not None:
+            self.audit_stream.submit(line)
 
     def begin_terminating(self) -> None:
         """Close the gate: new heartbeats/mutations get 503; the tick stops scheduling."""

@@ -44,7 +44,7 @@ Epochs are drawn from the clock and never repeat (``Draft._issue_epoch``), so
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from streamkit.protocol import (
     LEAVE_EPOCH,
@@ -62,7 +62,7 @@ from .config import CoordinatorConfig
 from .draft import Draft
 from .errors import Rejected
 from .model import GroupMetadata, MemberMetadata
-from .result import Result, result_of
+from .result import Result, WitnessSeen, result_of
 from .witness import Witness, rollback_witness
 
 
@@ -107,15 +107,29 @@ def handle_heartbeat(
         outcome = _reject(group, request, HeartbeatStatus.INVALID_REQUEST, config)
         return Result(group, (), outcome.response)
     draft = Draft(group, now_ms, config)
-    outcome = _decide(draft, member_id, request)
-    # The draft knows which members it touched: a steady heartbeat lists one
-    # change without looking at the other members.
-    return result_of(group, outcome.group, outcome.response, draft.touched)
-
-
-def _decide(draft: Draft, member_id: str, request: HeartbeatRequest) -> HeartbeatOutcome:
     draft.apply_timeouts()
     witness = rollback_witness(draft.group, request, draft.now, draft.config)
+    outcome = _decide(draft, member_id, request, witness)
+    # The draft knows which members it touched: a steady heartbeat lists one
+    # change without looking at the other members.
+    result = result_of(group, outcome.group, outcome.response, draft.touched)
+    if witness is Witness.NONE:
+        return result
+    member = group.members.get(member_id)
+    seen = WitnessSeen(
+        verdict=str(witness),
+        member_id=member_id,
+        claimed_version=request.metadata_version,
+        stored_version=group.metadata_version,
+        claimed_epoch=request.member_epoch,
+        stored_epoch=None if member is None else member.member_epoch,
+    )
+    return replace(result, witness=seen)
+
+
+def _decide(
+    draft: Draft, member_id: str, request: HeartbeatRequest, witness: Witness
+) -> HeartbeatOutcome:
     if witness is Witness.ACCEPTED:
         draft.open_correction(max(request.metadata_version, draft.group.metadata_version))
 

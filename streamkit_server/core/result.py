@@ -27,6 +27,7 @@ __all__ = [
     "MemberRemoved",
     "MemberUpserted",
     "Result",
+    "WitnessSeen",
     "diff",
     "merge_changes",
     "result_of",
@@ -71,10 +72,31 @@ DOCUMENT_CHANGED: Final = GroupDocumentChanged()
 
 
 @dataclass(frozen=True, slots=True)
+class WitnessSeen:
+    """A report claimed state Redis lacks (see ``core.witness``).
+
+    Not a change: the service counts it by ``verdict`` and audits the claims
+    it ignored, so a forged or confused witness leaves a trace.
+    """
+
+    verdict: str  # a ``core.witness.Witness`` value other than "none"
+    member_id: str
+    claimed_version: int
+    stored_version: int
+    claimed_epoch: int
+    stored_epoch: int | None  # None: no such member
+
+    @property
+    def ignored(self) -> bool:
+        return self.verdict != "accepted"
+
+
+@dataclass(frozen=True, slots=True)
 class Result(Generic[R]):
     state: GroupMetadata | None
     changes: tuple[Change, ...]
     response: R
+    witness: WitnessSeen | None = None
 
     @property
     def changed(self) -> bool:

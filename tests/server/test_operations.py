@@ -373,3 +373,46 @@ async def test_admin_mutations_beyond_the_principal_limit_get_429_with_retry_aft
         # Per principal: the admin is not held back by the writer's count.
         with anyio.fail_after(10):
             assert (await _create(http, "writes", "by-admin", coord.admin_auth)).status_code == 201
+
+
+async def test_rollback_witnesses_are_counted_and_ignored_ones_audited(
+    ops: tuple[CoordinatorProcess, int], r: Any
+) -> None:
+    """A member credential claiming a rollback for a member id the group does
+    not know changes nothing, is counted as ignored and leaves an audit record;
+    a live member's plausible claim is counted as accepted."""
+    coord, port = ops
+    name = "redis_stream_coord_rollback_witnesses_total"
+    before = await _loopback_metrics(port)
+    async with httpx.AsyncClient(base_url=coord.url, timeout=10, auth=coord.member_auth) as http:
+        assert (await _create(http, "witness", "forged", coord.admin_auth)).status_code == 201
+        url = f"{API}/streams/witness/groups/forged/members"
+        forged = await http.post(
+            f"{url}/ghost/heartbeat",
+            json=_hb("ghost", memberEpoch=7, metadataVersion=2**62, incarnation="ab" * 8),
+        )
+        assert forged.status_code == 200
+        assert forged.json()["status"] == "UNKNOWN_MEMBER_ID"
+        # No correction round: a real member joining is granted shards at once.
+        joined = await http.post(f"{url}/m0/heartbeat", json=_hb("m0"))
+        assert joined.json()["status"] == "OK", joined.json()
+        body = joined.json()
+        member_epoch = body["memberEpoch"]
+        assert [s["shardIndex"] for s in body["assignment"]["assignedShards"]] == [0, 1]
+        record = await _audited(
+            r, lambda rec: rec.get("kind") == "ignored-witness" and rec["memberId"] == "ghost"
+        )
+        assert record["verdict"] == "unknown-member"
+        assert record["claimedVersion"] == 2**62 and record["storedEpoch"] is None
+        assert (record["streamPrefix"], record["consumerGroup"]) == ("witness", "forged")
+
+        # The live member's own report of a version a little ahead: accepted.
+        claim = body["metadataVersion"] + 3
+        ahead = await http.post(
+            f"{url}/m0/heartbeat",
+            json=_hb("m0", memberEpoch=member_epoch, metadataVersion=claim),
+        )
+        assert ahead.status_code == 200, ahead.text
+    after = await _loopback_metrics(port)
+    for verdict in ("unknown-member", "accepted"):
+        assert _sample(after, name, verdict=verdict) == _sample(before, name, verdict=verdict) + 1
