@@ -16,7 +16,7 @@ import base64
 import logging
 from collections.abc import Generator
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Final, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -39,6 +39,12 @@ from streamkit.settings import StreamKitSettings
 
 M = TypeVar("M", bound=WireModel)
 log = logging.getLogger("streamkit.coordinator")
+
+
+#: The largest answer read from a coordinator: a listing of 10,000 shards is
+#: a few MB; anything far beyond is a broken or hostile server, and reading it
+#: whole would only exhaust this process's memory.
+MAX_ANSWER_BYTES: Final = 16 * 1024 * 1024
 
 
 class CoordinatorError(StreamkitError):
@@ -136,7 +142,9 @@ class CoordinatorClient:
         token: str | None = None,
         timeout: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
+        self._max_answer_bytes = max_answer_bytes
         auth: httpx.Auth | None = None
         if token or (username and password):
             auth = _CoordinatorAuth(username, password, token)
@@ -227,14 +235,20 @@ class CoordinatorClient:
     async def _call(
         self, method: str, path: str, model: type[M], *, body: WireModel | None = None
     ) -> M:
+        request = self._http.build_request(
+            method, path, json=body.to_wire(exclude_none=True) if body else None
+        )
         try:
-            response = await self._http.request(
-                method, path, json=body.to_wire(exclude_none=True) if body else None
-            )
+            streamed = await self._http.send(request, stream=True)
+            try:
+                content = await _read_bounded(streamed, self._max_answer_bytes, method, path)
+            finally:
+                await streamed.aclose()
         except httpx.HTTPError as exc:
             raise CoordinatorUnavailable(
                 _unreachable(self._http.base_url, method, path, exc)
             ) from exc
+        response = httpx.Response(streamed.status_code, content=content, request=request)
         if response.status_code >= 400:
             raise _error(response)
         try:
@@ -243,6 +257,32 @@ class CoordinatorClient:
             raise CoordinatorError(
                 response.status_code, "BAD_RESPONSE", f"unreadable answer to {method} {path}"
             ) from exc
+
+
+async def _read_bounded(response: httpx.Response, limit: int, method: str, path: str) -> bytes:
+    declared = response.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise AnswerTooLarge(response.status_code, method, path, limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise AnswerTooLarge(response.status_code, method, path, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class AnswerTooLarge(CoordinatorError):
+    """The coordinator's answer exceeded ``max_answer_bytes`` (not read further)."""
+
+    def __init__(self, status_code: int, method: str, path: str, limit: int) -> None:
+        super().__init__(
+            status_code,
+            "ANSWER_TOO_LARGE",
+            f"the answer to {method} {path} is over {limit // (1024 * 1024)} MiB; "
+            "is STREAMKIT_COORDINATOR_URL pointing at a streamkit coordinator?",
+        )
 
 
 def _unreachable(base_url: httpx.URL, method: str, path: str, exc: httpx.HTTPError) -> str:

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
+from streamkit.cli.output import printable
 from streamkit.coordinator_client import CoordinatorClient
 from streamkit.protocol import (
     GroupResponse,
@@ -121,12 +123,14 @@ def render(
         )
     for shard in status.shards:
         shards.add_row(
-            str(shard.shard.shard_index if shard.shard else "?"),
-            shard.stream_key or "",
-            _owners(shard),
-            str(shard.stream_length or 0),
-            _lag(shard),
-            str(shard.pending_count or 0),
+            *_cells(
+                str(shard.shard.shard_index if shard.shard else "?"),
+                shard.stream_key or "",
+                _owners(shard),
+                str(shard.stream_length or 0),
+                _lag(shard),
+                str(shard.pending_count or 0),
+            )
         )
     members = Table(title="members", expand=True)
     columns = ["member", "state", "epoch", "shards"] + (["msgs/s"] if rates is not None else [])
@@ -143,8 +147,14 @@ def render(
         if rates is not None:
             row.append(f"{rates.get(member.member_id or '', 0.0):.0f}")
         row.append(departure(member))
-        members.add_row(*row)
-    return Group(Panel(head or headline(status)), shards, members)
+        members.add_row(*_cells(*row))
+    return Group(Panel(_cells(head or headline(status))[0]), shards, members)
+
+
+def _cells(*values: str) -> list[Text]:
+    # Plain text, not console markup, with controls escaped: ids and keys
+    # come from the coordinator and may hold anything.
+    return [Text(printable(value)) for value in values]
 
 
 def plain_lines(status: GroupStatus) -> list[str]:
@@ -166,4 +176,4 @@ def plain_lines(status: GroupStatus) -> list[str]:
             f"epoch={member.member_epoch} shards={_assigned(member)}"
             + (f" ({gone})" if gone else "")
         )
-    return lines
+    return [printable(line) for line in lines]

@@ -8,13 +8,13 @@ JSON document.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from streamkit.cli.common import EXIT_FAILED, fail, load_settings, run_async
+from streamkit.cli.output import echo, echo_json
 
 if TYPE_CHECKING:
     from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
@@ -93,10 +93,10 @@ _HINTS = {
 
 def _print(as_json: bool, document: Any, lines: list[str]) -> None:
     if as_json:
-        typer.echo(json.dumps(document, ensure_ascii=False))
+        echo_json(document)
     else:
         for line in lines:
-            typer.echo(line)
+            echo(line)
 
 
 # -- streams -----------------------------------------------------------------------

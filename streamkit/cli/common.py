@@ -46,7 +46,9 @@ def debug_enabled() -> bool:
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    from streamkit.cli.output import echo
+
+    echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from streamkit.cli.common import EXIT_FAILED, fail, load_settings, run_async
+from streamkit.cli.output import echo, echo_json
 
 if TYPE_CHECKING:
     from streamkit.connections import AsyncRedis
@@ -45,7 +46,6 @@ def dlq_list(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
     """Show dead letters: where they came from, attempts, error, fields."""
-    import json
 
     from streamkit.consumer.dead_letter import read_dead_letters
     from streamkit.consumer.failure import dead_letter_key
@@ -59,14 +59,14 @@ def dlq_list(
         for letter in letters:
             data = letter.as_json()
             if as_json:
-                typer.echo(json.dumps(data, ensure_ascii=False))
+                echo_json(data)
             else:
-                typer.echo(
+                echo(
                     f"{data['id']}  {data['originalStream']}/{data['originalId']}  "
                     f"attempts={data['attempts']}  {data['error']}"
                 )
         if not letters and not as_json:
-            typer.echo(f"no dead letters in {key}", err=True)
+            echo(f"no dead letters in {key}", err=True)
 
     run_async(work)
 
@@ -127,17 +127,17 @@ def dlq_replay(
     for outcome in outcomes:
         if outcome.to is None:
             failed += 1
-            typer.echo(f"{outcome.letter.id}  not replayed: {outcome.error}", err=True)
+            echo(f"{outcome.letter.id}  not replayed: {outcome.error}", err=True)
             continue
         origin = outcome.letter.as_json()["originalStream"]
         line = f"{outcome.letter.id}  -> {outcome.to}"
         if outcome.to.split("/", 1)[0] != origin:
             moved += 1
             line += f"  (from {origin})"
-        typer.echo(line)
+        echo(line)
     if moved:
         option = f"--key-field {key_field}" if key_field else f"--payload-key {payload_key}"
-        typer.echo(
+        echo(
             f"note: {moved} of {len(outcomes)} went to another shard than they came from; "
             f"expected only if the stream was resharded since, else {option} is not the key "
             "the publisher routes by and those entries now sit beside other keys' entries",

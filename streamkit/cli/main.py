@@ -81,7 +81,9 @@ def main() -> None:
             from streamkit.cli.errors import describe
 
             message, code = describe(exc)
-            print(f"error: {message}", file=sys.stderr, flush=True)
+            from streamkit.cli.output import printable
+
+            print(f"error: {printable(message)}", file=sys.stderr, flush=True)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from streamkit.cli.common import fail, load_settings, run_async
+from streamkit.cli.output import echo, echo_json
 
 __all__ = ["publish"]
 
@@ -61,6 +62,6 @@ def publish(
 
     result = run_async(work)
     if as_json:
-        typer.echo(json.dumps(result))
+        echo_json(result)
     else:
-        typer.echo(f"published to {result['streamKey']} as {result['recordId']}")
+        echo(f"published to {result['streamKey']} as {result['recordId']}")

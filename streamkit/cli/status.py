@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from streamkit.cli.common import load_settings, run_async
+from streamkit.cli.output import echo
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -84,7 +85,7 @@ def _show(console: Console, found: GroupStatus) -> None:
         console.print(render(found))
     else:
         for line in plain_lines(found):
-            typer.echo(line)
+            echo(line)
 
 
 async def _watch(
@@ -115,9 +116,9 @@ async def _watch(
                 live.update(render(found, head=f"{stamp}  {headline(found)}"), refresh=True)
             else:
                 for line in plain_lines(found):
-                    typer.echo(f"{stamp} {line}")
+                    echo(f"{stamp} {line}")
             await anyio.sleep(interval)
             try:
                 found = await _fetch(client, settings, stream_prefix, group)
             except StreamkitError as exc:  # a coordinator restart: say so, keep watching
-                typer.echo(f"{time.strftime('%H:%M:%S')} cannot refresh: {exc}", err=True)
+                echo(f"{time.strftime('%H:%M:%S')} cannot refresh: {exc}", err=True)
