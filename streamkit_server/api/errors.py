@@ -15,7 +15,13 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MasterDownError, NoPermissionError, ReadOnlyError, ResponseError
+from redis.exceptions import (
+    MasterDownError,
+    NoPermissionError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+)
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -203,6 +209,23 @@ async def _redis(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _out_of_memory(request: Request, exc: Exception) -> JSONResponse:
+    # Redis at maxmemory (noeviction) refuses every write, so nothing was
+    # changed (a script fails at its first write, before any).  Members keep
+    # what their leases allow and retry; nothing the client changes helps.
+    runtime = getattr(request.app.state, "runtime", None)
+    if runtime is not None:
+        runtime.metrics.redis_errors.inc()
+    log.error("Redis is out of memory and refuses writes: %s", exc)
+    return error_response(
+        503,
+        "REDIS_OUT_OF_MEMORY",
+        "Redis is at maxmemory and refuses writes; nothing was changed. "
+        "Free memory or raise maxmemory, then retry",
+        {"Retry-After": "1"},
+    )
+
+
 def is_command_refusal(exc: BaseException) -> bool:
     """Redis refused a command itself (renamed, disabled or denied by an ACL).
 
@@ -256,7 +279,8 @@ def status_for(exc: BaseException) -> int:
         | RedisConnectionError
         | RedisTimeoutError
         | ReadOnlyError
-        | MasterDownError,
+        | MasterDownError
+        | OutOfMemoryError,
     ) or is_command_refusal(exc):
         return 503
     return 500
@@ -278,6 +302,7 @@ def install_error_handlers(app: FastAPI) -> None:
     # primary): retryable, like an unreachable Redis, never a 500.
     app.add_exception_handler(ReadOnlyError, _redis)
     app.add_exception_handler(MasterDownError, _redis)
+    app.add_exception_handler(OutOfMemoryError, _out_of_memory)
     app.add_exception_handler(ResponseError, _response_error)
     app.add_exception_handler(Exception, _unexpected)
 
