@@ -30,7 +30,7 @@ Reports:
   loop's CPU less the fixed cost, per heartbeat) x members / 3 s, as cores
   and as members per core;
 * the share of steady writes that went to Redis in a pipeline shared with
-  other groups' (``streamkit_server/script_batch.py``) and its mean size.
+  other groups' (``streamkit_server/store/batch.py``) and its mean size.
   It depends on how many requests the coordinator has at once: each
   connection is served one request at a time.  The default shape (2 clients
   x 32 lanes, one request at a time on each: 64 connections, no pipelining)

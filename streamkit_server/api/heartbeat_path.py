@@ -41,20 +41,20 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamkit.protocol import API_PREFIX, HeartbeatAnswer
-from streamkit_server.access import required_role
 from streamkit_server.api import members
 from streamkit_server.api.bodies import HeartbeatRequest
 from streamkit_server.api.deps import rate_limit_member, verified_principal
 from streamkit_server.api.errors import is_json
 from streamkit_server.api.performance import RequestMetricsMiddleware
-from streamkit_server.api.runtime import Runtime
+from streamkit_server.auth.access import required_role
+from streamkit_server.auth.security import AuthError, Principal
 from streamkit_server.errors import Rejected
-from streamkit_server.provisioning import (
+from streamkit_server.runtime import Runtime
+from streamkit_server.store.provisioning import (
     validate_consumer_group,
     validate_member_id,
     validate_stream_prefix,
 )
-from streamkit_server.security import AuthError, Principal
 
 __all__ = ["CoordinatorApp", "HeartbeatPath"]
 

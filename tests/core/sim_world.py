@@ -45,7 +45,7 @@ from streamkit_server.core.result import (
 )
 from streamkit_server.core.rollback import Seen
 from streamkit_server.core.rollback import observe as core_observe
-from streamkit_server.store import WRITE_LOG_SIZE
+from streamkit_server.store.metadata import WRITE_LOG_SIZE
 
 from .coverage import SimulationCoverage
 

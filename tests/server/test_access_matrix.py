@@ -23,10 +23,10 @@ from fastapi.routing import APIRoute
 
 from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import TEST_TOKEN_SECRET, CoordinatorProcess
-from streamkit_server.access import PUBLIC_PATHS, ROUTE_ROLES
 from streamkit_server.api import create_app
-from streamkit_server.principals import hash_password, parse_principals, verify_password
-from streamkit_server.security import Authenticator, AuthError, Principal, Role
+from streamkit_server.auth.access import PUBLIC_PATHS, ROUTE_ROLES
+from streamkit_server.auth.principals import hash_password, parse_principals, verify_password
+from streamkit_server.auth.security import Authenticator, AuthError, Principal, Role
 from streamkit_server.settings import ServerSettings
 
 from .sim import API

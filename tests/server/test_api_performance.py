@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamkit.testing import RedisTarget
-from streamkit_server.metrics import _LATENCY_BUCKETS, bucket_quantile
+from streamkit_server.observability.metrics import _LATENCY_BUCKETS, bucket_quantile
 
 from .sim import API
 

@@ -12,8 +12,8 @@ import pytest
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
-from streamkit_server.security import Authenticator, Principal, Role
-from streamkit_server.token_secret import token_secret_key
+from streamkit_server.auth.security import Authenticator, Principal, Role
+from streamkit_server.auth.token_secret import token_secret_key
 
 from .sim import API, KEY_PREFIX, SimMember, create_group, redis_of
 

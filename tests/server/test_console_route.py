@@ -11,7 +11,7 @@ from coordinator_fixtures import CoordinatorPool
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import TEST_TOKEN_SECRET, CoordinatorProcess
 from streamkit_server.api.console import CONSOLE_DIR
-from streamkit_server.security import Authenticator, Principal, Role
+from streamkit_server.auth.security import Authenticator, Principal, Role
 
 
 def _token(*roles: Role) -> str:

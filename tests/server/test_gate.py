@@ -6,7 +6,11 @@ import asyncio
 
 import pytest
 
-from streamkit_server.gate import CoordinatorSuspended, CoordinatorTerminating, TerminatingGate
+from streamkit_server.coordination.gate import (
+    CoordinatorSuspended,
+    CoordinatorTerminating,
+    TerminatingGate,
+)
 
 
 async def test_wait_idle_waits_for_every_section_inside() -> None:

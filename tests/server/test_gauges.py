@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamkit_server.core.model import GroupMetadata, MemberMetadata, MemberState, new_group
-from streamkit_server.gauges import group_gauges
+from streamkit_server.observability.gauges import group_gauges
 
 
 def test_gauges_count_revokes_pending_shards_and_the_oldest_heartbeat() -> None:

@@ -11,7 +11,7 @@ import httpx
 
 from streamkit.testing import RedisTarget
 from streamkit_server.api import create_app
-from streamkit_server.metrics import Metrics
+from streamkit_server.observability.metrics import Metrics
 from streamkit_server.settings import ServerSettings
 
 from .sim import API, SimMember, create_group

@@ -24,9 +24,9 @@ from pydantic import ValidationError
 from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit.testing.redis_server import free_port
+from streamkit_server.auth.principals import hash_password
 from streamkit_server.core import LAYOUT_VERSION, SCHEMA_VERSION
-from streamkit_server.health import HealthFacts, assess, lag_limit_s
-from streamkit_server.principals import hash_password
+from streamkit_server.observability.health import HealthFacts, assess, lag_limit_s
 from streamkit_server.settings import ServerSettings
 
 from .sim import API

@@ -11,13 +11,13 @@ import redis.asyncio
 
 from streamkit.connections import connect_redis
 from streamkit.testing import RedisServer, RedisTarget, redis_client
-from streamkit_server.ratelimit import (
+from streamkit_server.auth.ratelimit import (
     FLUSH_INTERVAL_MS,
     SHARE_INTERVAL_MS,
     RateLimited,
     RateLimiter,
 )
-from streamkit_server.store import RedisClient
+from streamkit_server.store.records import RedisClient
 
 pytestmark = pytest.mark.redis
 

@@ -15,8 +15,8 @@ import pytest
 from redis.exceptions import ResponseError
 
 from streamkit.testing import RedisServer, RedisTarget, redis_client
-from streamkit_server.script_batch import ScriptBatcher
-from streamkit_server.store import RedisClient
+from streamkit_server.store.batch import ScriptBatcher
+from streamkit_server.store.records import RedisClient
 
 # KEYS[1] a counter; ARGV[1] a tag.  Fails on the tag "bad", else returns the
 # tag and the counter's new value (so each reply names its own call).

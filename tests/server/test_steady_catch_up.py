@@ -21,11 +21,13 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import streamkit_server.store as store_module
+import streamkit_server.store.metadata as store_module
 from streamkit.testing import RedisTarget, redis_client
 from streamkit_server.core import GroupDocumentChanged, MemberMetadata, MemberUpserted, new_group
-from streamkit_server.metrics import Metrics
-from streamkit_server.store import CommitResult, GroupKeys, Loaded, MetadataStore
+from streamkit_server.observability.metrics import Metrics
+from streamkit_server.store.keys import GroupKeys
+from streamkit_server.store.metadata import MetadataStore
+from streamkit_server.store.records import CommitResult, Loaded
 
 from .sim import KEY_PREFIX
 

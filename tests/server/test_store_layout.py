@@ -15,8 +15,10 @@ import pytest
 
 from streamkit.testing import RedisTarget, redis_client
 from streamkit_server.core import GroupDocumentChanged, MemberMetadata, MemberUpserted, new_group
-from streamkit_server.metrics import Metrics
-from streamkit_server.store import CommitResult, GroupKeys, Loaded, MetadataStore, MutexBusy
+from streamkit_server.observability.metrics import Metrics
+from streamkit_server.store.keys import GroupKeys
+from streamkit_server.store.metadata import MetadataStore
+from streamkit_server.store.records import CommitResult, Loaded, MutexBusy
 
 from .sim import KEY_PREFIX
 

@@ -17,8 +17,7 @@ from helpers import API, eventually
 
 from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
-from streamkit_server.core import CoordinatorConfig
-from streamkit_server.timings import (
+from streamkit_server.coordination.timings import (
     LIVE_MS,
     TimingConflict,
     Timings,
@@ -26,6 +25,7 @@ from streamkit_server.timings import (
     differences,
     encode,
 )
+from streamkit_server.core import CoordinatorConfig
 
 from .sim import SimMember, create_group, metric
 

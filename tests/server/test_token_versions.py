@@ -30,14 +30,14 @@ from prometheus_client import CollectorRegistry, Counter
 from redis.asyncio import RedisCluster as ClusterClient
 
 from streamkit.testing import RedisTarget, redis_client
-from streamkit_server.store import RedisClient
-from streamkit_server.token_versions import (
+from streamkit_server.auth.token_versions import (
     LIVENESS_MS,
     MAX_AGE_MS,
     TokenVersions,
     VersionCache,
     token_versions_key,
 )
+from streamkit_server.store.records import RedisClient
 
 USERS = ("alice", "bob")
 

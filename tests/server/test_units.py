@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from streamkit.protocol import MemberState
-from streamkit_server import views
+from streamkit_server.auth.security import Authenticator, AuthError, Principal, Role, expand_roles
+from streamkit_server.coordination import views
 from streamkit_server.core import GroupMetadata, MemberMetadata, new_group
 from streamkit_server.errors import CoordinatorError
-from streamkit_server.provisioning import validate_consumer_group, validate_stream_prefix
-from streamkit_server.security import Authenticator, AuthError, Principal, Role, expand_roles
+from streamkit_server.store.provisioning import validate_consumer_group, validate_stream_prefix
 
 
 def _group() -> GroupMetadata:
@@ -83,9 +83,9 @@ def test_audit_status_matches_the_answer_for_every_refusal() -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     from streamkit_server.api.errors import status_for
+    from streamkit_server.coordination.gate import CoordinatorTerminating
     from streamkit_server.errors import ApiError, CoordinatorError
-    from streamkit_server.gate import CoordinatorTerminating
-    from streamkit_server.mutex import MutexTimeout
+    from streamkit_server.store.mutex import MutexTimeout
 
     assert status_for(ApiError(409, "X", "conflict")) == 409
     # Below the API a refusal names only its code; the API's table picks the status.

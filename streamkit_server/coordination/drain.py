@@ -19,7 +19,7 @@ from enum import IntEnum
 from redis.commands.core import AsyncScript
 
 from streamkit.routing import stream_key
-from streamkit_server.store import RedisClient
+from streamkit_server.store.records import RedisClient
 
 __all__ = ["DrainProber", "DrainResult"]
 

@@ -18,7 +18,7 @@ from redis.commands.core import AsyncScript
 
 from streamkit.routing import stream_key
 from streamkit_server.errors import CoordinatorError
-from streamkit_server.store import RedisClient
+from streamkit_server.store.records import RedisClient
 
 __all__ = [
     "MAX_NAME_LENGTH",

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from streamkit_server.principals import PrincipalEntry, credential_fingerprint, verify_password
+from streamkit_server.auth.principals import PrincipalEntry, credential_fingerprint, verify_password
 
 __all__ = [
     "ADMIN_ROLES",

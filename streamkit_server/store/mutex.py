@@ -14,7 +14,9 @@ import time
 
 import anyio
 
-from streamkit_server.store import GroupKeys, Loaded, MetadataStore, MutexBusy
+from streamkit_server.store.keys import GroupKeys
+from streamkit_server.store.metadata import MetadataStore
+from streamkit_server.store.records import Loaded, MutexBusy
 
 __all__ = ["MutexTimeout", "lock_and_load"]
 

@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 
 from streamkit_server.core import GroupMetadata
 from streamkit_server.errors import CoordinatorError
-from streamkit_server.store import MetadataStore
+from streamkit_server.store.metadata import MetadataStore
 
 __all__ = [
     "Ordering",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from streamkit_server.security import Role
+from streamkit_server.auth.security import Role
 
 __all__ = ["PUBLIC_PATHS", "ROUTE_ROLES", "required_role"]
 

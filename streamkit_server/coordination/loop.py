@@ -20,15 +20,16 @@ import time
 import anyio
 from redis.exceptions import RedisError, ResponseError
 
+from streamkit_server.coordination.executor import now_ms
+from streamkit_server.coordination.gate import CoordinatorTerminating
+from streamkit_server.coordination.resharding import ReshardingService
+from streamkit_server.coordination.service import CoordinatorService
+from streamkit_server.coordination.timings import Timings
 from streamkit_server.core import next_deadline_ms
 from streamkit_server.errors import Rejected
-from streamkit_server.gate import CoordinatorTerminating
-from streamkit_server.gauges import GroupGauges, group_gauges
-from streamkit_server.mutex import MutexTimeout
-from streamkit_server.resharding import ReshardingService
-from streamkit_server.service import CoordinatorService, now_ms
-from streamkit_server.store import StoreError
-from streamkit_server.timings import Timings
+from streamkit_server.observability.gauges import GroupGauges, group_gauges
+from streamkit_server.store.mutex import MutexTimeout
+from streamkit_server.store.records import StoreError
 
 __all__ = ["TickLoop"]
 

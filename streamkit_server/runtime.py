@@ -12,25 +12,26 @@ from redis.exceptions import RedisError
 
 from streamkit.connections import connect_redis
 from streamkit.protocol import HealthResponse
-from streamkit_server.audit_stream import AuditStream
+from streamkit_server.auth.ratelimit import RateLimiter
+from streamkit_server.auth.security import Authenticator
+from streamkit_server.auth.token_secret import shared_token_secret
+from streamkit_server.auth.token_versions import TokenVersions
+from streamkit_server.coordination.dead_letters import DeadLetters
+from streamkit_server.coordination.drain import DrainProber
+from streamkit_server.coordination.gate import TerminatingGate
+from streamkit_server.coordination.loop import TickLoop
+from streamkit_server.coordination.resharding import ReshardingService
+from streamkit_server.coordination.service import CoordinatorService
+from streamkit_server.coordination.timings import Timings
 from streamkit_server.core import LAYOUT_VERSION, SCHEMA_VERSION
-from streamkit_server.dead_letters import DeadLetters
-from streamkit_server.drain import DrainProber
-from streamkit_server.gate import TerminatingGate
-from streamkit_server.health import HealthFacts, assess
-from streamkit_server.loop import TickLoop
-from streamkit_server.metrics import Metrics
-from streamkit_server.metrics_listener import MetricsListener
-from streamkit_server.provisioning import Provisioner
-from streamkit_server.ratelimit import RateLimiter
-from streamkit_server.resharding import ReshardingService
-from streamkit_server.security import Authenticator
-from streamkit_server.service import CoordinatorService
+from streamkit_server.observability.audit_stream import AuditStream
+from streamkit_server.observability.health import HealthFacts, assess
+from streamkit_server.observability.metrics import Metrics
+from streamkit_server.observability.metrics_listener import MetricsListener
 from streamkit_server.settings import ServerSettings
-from streamkit_server.store import MetadataStore, RedisClient
-from streamkit_server.timings import Timings
-from streamkit_server.token_secret import shared_token_secret
-from streamkit_server.token_versions import TokenVersions
+from streamkit_server.store.metadata import MetadataStore
+from streamkit_server.store.provisioning import Provisioner
+from streamkit_server.store.records import RedisClient
 
 __all__ = ["Runtime", "make_redis_client"]
 

@@ -12,15 +12,12 @@ from __future__ import annotations
 import secrets
 from typing import Final
 
-from streamkit_server.store import RedisClient
+from streamkit_server.store.keys import token_secret_key
+from streamkit_server.store.records import RedisClient
 
 __all__ = ["SECRET_BYTES", "shared_token_secret", "token_secret_key"]
 
 SECRET_BYTES: Final = 32
-
-
-def token_secret_key(key_prefix: str) -> str:
-    return f"{key_prefix}:auth:token-secret"
 
 
 async def shared_token_secret(client: RedisClient, key_prefix: str) -> bytes:

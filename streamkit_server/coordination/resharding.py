@@ -41,6 +41,9 @@ from typing import Final
 from redis.exceptions import RedisError
 
 from streamkit.protocol import MigrationState
+from streamkit_server.coordination.drain import DrainProber, DrainResult
+from streamkit_server.coordination.executor import Operation, group_not_found, now_ms
+from streamkit_server.coordination.service import CoordinatorService
 from streamkit_server.core import MAX_SHARD_COUNT as CORE_MAX_SHARD_COUNT
 from streamkit_server.core import (
     CoordinatorConfig,
@@ -63,11 +66,9 @@ from streamkit_server.core.planner import (
     plan_provisioning,
     refuse_active,
 )
-from streamkit_server.drain import DrainProber, DrainResult
 from streamkit_server.errors import CoordinatorError, Rejected
-from streamkit_server.service import CoordinatorService, Operation, group_not_found, now_ms
-from streamkit_server.store import GroupKeys
-from streamkit_server.streams import (
+from streamkit_server.store.keys import GroupKeys
+from streamkit_server.store.streams import (
     Ordering,
     StreamLock,
     common_layout,

@@ -9,7 +9,7 @@ Keys (``kp`` = key prefix, default ``redis-stream:coord``):
   write), ``log:<revision % 64>`` (which member records each recent write
   touched, or that it wrote the document), ``schemaVersion``,
   ``layoutVersion``, ``updatedAt``, ``redisServer`` (the Redis server
-  incarnation that wrote the document last: see ``_COMMIT``).  The source of
+  incarnation that wrote the document last: see ``scripts.COMMIT``).  The source of
   truth.  No TTL, ever.
   Layout 1 kept the whole group in one ``aggregate`` field; such a group is
   read as is and rewritten as layout 2 on its next write (under the mutex).
@@ -33,16 +33,12 @@ rewriting the group).
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, TypeAlias
+from typing import Any, Final
 
-import redis.asyncio
 from redis.commands.core import AsyncScript
 
 from streamkit_server.core import (
@@ -55,284 +51,30 @@ from streamkit_server.core import (
     MemberUpserted,
     steady,
 )
-from streamkit_server.metrics import Metrics
-from streamkit_server.script_batch import ScriptBatcher
+from streamkit_server.observability.metrics import Metrics
+from streamkit_server.store import keys as key_names
+from streamkit_server.store import scripts
+from streamkit_server.store.batch import ScriptBatcher
+from streamkit_server.store.keys import INDEX_SEPARATOR, GroupKeys
+from streamkit_server.store.records import (
+    CommitResult,
+    Loaded,
+    MetadataCorrupt,
+    MetadataUnsupported,
+    MutexBusy,
+    RedisClient,
+    StoreError,
+    unique_id,
+)
 
-__all__ = [
-    "INDEX_SEPARATOR",
-    "CommitResult",
-    "GroupKeys",
-    "Loaded",
-    "MetadataCorrupt",
-    "MetadataStore",
-    "MetadataUnsupported",
-    "MutexBusy",
-    "RedisClient",
-    "StoreError",
-]
+__all__ = ["MetadataStore"]
 
 log = logging.getLogger("streamkit_server.store")
-
-RedisClient: TypeAlias = redis.asyncio.Redis | redis.asyncio.RedisCluster
-
-INDEX_SEPARATOR: Final = "\x00"
 
 #: Entries of the write log kept in each group hash (one per revision, in a
 #: ring).  A process whose parsed copy is at most this many revisions old
 #: catches up by reading only the member records written since.
 WRITE_LOG_SIZE: Final = 64
-
-# Shared by the load and steady-write scripts: the member ids that the writes
-# after the caller's copy (revision ``have``, writeId ``wid``) up to revision
-# ``cur`` wrote, or nil unless the write log proves the chain: every entry
-# still there, the copy's own entry with its writeId, every later write a
-# member-only one, and (``mine`` given) none of them a write of those members.
-_WRITES_SINCE = """
-local function writes_since(key, have, wid, cur, size, mine)
-  if not (have and cur and size and cur > have and cur - have < size) then return nil end
-  local ids = {}
-  for r = have, cur do
-    local raw = redis.call('HGET', key, 'log:' .. string.format('%d', r % size))
-    local e = raw and cjson.decode(raw)
-    if not e or e[1] ~= r or (r == have and e[2] ~= wid) or (r > have and e[3] ~= 0) then
-      return nil
-    end
-    if r > have then
-      for _, id in ipairs(e[4]) do
-        if mine and mine[id] then return nil end
-        ids[#ids + 1] = id
-      end
-    end
-  end
-  return ids
-end
-"""
-
-# KEYS: mutex, metadata.  ARGV: token ('' = read without locking), ttl ms,
-# the (revision, writeId) of the copy the caller has parsed already, the size
-# of the write log.  Reply: {0} mutex busy; {2, exists} no group; otherwise
-# {1, revision, schemaVersion, layoutVersion, updatedAt, writeId, mode, ...}
-# where mode is 'same' (the caller's copy is current), 'delta' (member id /
-# record pairs written since the caller's copy: only member-only writes since),
-# 'full' (every field of the hash) or 'v1' (the v1 aggregate).
-_LOAD = """
-if ARGV[1] ~= '' then
-  if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return {0, redis.call('PTTL', KEYS[1])}
-  end
-end
-local m = redis.call('HMGET', KEYS[2], 'revision', 'schemaVersion', 'layoutVersion',
-  'updatedAt', 'writeId')
-if not m[1] then
-  if ARGV[1] ~= '' then redis.call('DEL', KEYS[1]) end
-  return {2, redis.call('EXISTS', KEYS[2])}
-end
-local head = {1, m[1], m[2] or false, m[3] or false, m[4] or false, m[5] or false}
-if m[3] == '1' then
-  head[7] = 'v1'
-  head[8] = redis.call('HGET', KEYS[2], 'aggregate') or false
-  return head
-end
-if m[3] ~= '2' then head[7] = 'unsupported' return head end
-if m[1] == ARGV[3] and m[5] == ARGV[4] then head[7] = 'same' return head end
-local ids = writes_since(KEYS[2], tonumber(ARGV[3]), ARGV[4], tonumber(m[1]), tonumber(ARGV[5]))
-if ids then
-  head[7] = 'delta'
-  for _, id in ipairs(ids) do
-    head[#head + 1] = id
-    head[#head + 1] = redis.call('HGET', KEYS[2], 'm:' .. id) or false
-  end
-  return head
-end
-head[7] = 'full'
-local all = redis.call('HGETALL', KEYS[2])
-for i = 1, #all do head[7 + i] = all[i] end
-return head
-"""
-
-# KEYS: mutex, metadata.  ARGV: as _LOAD (the token, ttl, then the (revision,
-# writeId) of the caller's copy, which it computed the write from, the size of
-# the write log), the writeId of this write, then the field/value pairs of a
-# member-only write (``m:<memberId>`` records).  When nobody holds the mutex
-# and the write is still valid, the script writes the records, the next
-# revision, the writeId and that revision's log entry, and replies {3,
-# revision, id, record, ...}: a steady heartbeat in one round trip.  Valid
-# means Redis holds exactly the caller's copy, or a later state reached from
-# it by member-only writes (the write log proves the chain) that touched none
-# of the records being written; the reply then carries the records those
-# writes touched, so the caller's copy becomes exactly what Redis now holds.
-# Why a write decided on such a copy stands: a steady answer reads the group
-# document and its own member's record, and both are as they were (see
-# docs/concepts.md, "How a group is stored").  The free mutex is courtesy: a
-# critical section in progress would otherwise lose its own CAS.  Otherwise
-# the script goes on as _LOAD (takes the mutex, reads), so falling back costs
-# no extra round trip.
-_STEADY_PRELUDE = """
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local c = redis.call('HMGET', KEYS[2], 'revision', 'writeId', 'layoutVersion')
-  local have, cur, size = tonumber(ARGV[3]), tonumber(c[1]), tonumber(ARGV[5])
-  if c[3] == '2' and have and cur then
-    local mine, ids = {}, {}
-    for i = 7, #ARGV, 2 do
-      local id = string.sub(ARGV[i], 3)
-      mine[id] = true
-      ids[#ids + 1] = id
-    end
-    local others = {}
-    if c[1] ~= ARGV[3] or c[2] ~= ARGV[4] then
-      others = writes_since(KEYS[2], have, ARGV[4], cur, size, mine)
-    end
-    if others then
-      local rev = string.format('%d', cur + 1)
-      redis.call('HSET', KEYS[2], 'revision', rev, 'writeId', ARGV[6],
-        'log:' .. string.format('%d', (cur + 1) % size), cjson.encode({cur + 1, ARGV[6], 0, ids}))
-      for i = 7, #ARGV, 1000 do
-        redis.call('HSET', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
-      end
-      local reply = {3, rev}
-      for _, id in ipairs(others) do
-        reply[#reply + 1] = id
-        reply[#reply + 1] = redis.call('HGET', KEYS[2], 'm:' .. id) or false
-      end
-      return reply
-    end
-  end
-end
-"""
-
-# KEYS: metadata, mutex.  ARGV: expected revision ('' = create, only if the key
-# is absent), mutex token, the stamp mode (below), then the fields to set as
-# pairs, an empty string, then the fields to delete.  The caller sends
-# revision, writeId and the log entry of the new revision among the fields (it
-# knows the new revision: the expected one plus one).  The mutex is released
-# in the same round trip whether or not the write happened.
-#
-# The stamp: every document write records which Redis server incarnation took
-# it (run_id, new on every restart, and replication id, new on every promotion
-# of a replica).  A document write (mode 'check') that finds another stamp is
-# refused with {2}: Redis failed over, restarted or was restored since the
-# last one, and may have lost writes that this coordinator process never saw
-# (another process made them), which no revision number can show.  The caller
-# then opens a correction round and writes it with mode 'restamp'.  Grants are
-# document writes, so none happens on a changed server before the round; a
-# member-only write (mode '') changes no ownership and pays nothing.  INFO
-# must be allowed in scripts: failing closed beats a check that does nothing.
-_COMMIT = """
-local cur = redis.call('HGET', KEYS[1], 'revision')
-local ok
-if ARGV[1] == '' then ok = redis.call('EXISTS', KEYS[1]) == 0 else ok = cur == ARGV[1] end
-local server
-if ok and ARGV[3] ~= '' then
-  local info = redis.call('INFO', 'server', 'replication')
-  server = (string.match(info, 'run_id:(%w+)') or '') .. ':' ..
-    (string.match(info, 'master_replid:(%w+)') or '')
-  local stamp = redis.call('HGET', KEYS[1], 'redisServer')
-  if ARGV[3] == 'check' and stamp and stamp ~= server then
-    if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('DEL', KEYS[2]) end
-    return {2}
-  end
-end
-if ok then
-  -- In chunks: unpack() of a whole 10,000-member group would overflow Lua's stack.
-  local sets, i = {}, 4
-  if server then sets = {'redisServer', server} end
-  while ARGV[i] ~= '' do
-    sets[#sets + 1] = ARGV[i]
-    sets[#sets + 1] = ARGV[i + 1]
-    i = i + 2
-    if #sets >= 1000 then redis.call('HSET', KEYS[1], unpack(sets)) sets = {} end
-  end
-  if #sets > 0 then redis.call('HSET', KEYS[1], unpack(sets)) end
-  for j = i + 1, #ARGV, 1000 do
-    redis.call('HDEL', KEYS[1], unpack(ARGV, j, math.min(j + 999, #ARGV)))
-  end
-end
-if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('DEL', KEYS[2]) end
-if ok then return 1 end
-return {0, cur}
-"""
-
-# KEYS: metadata, mutex.  ARGV: expected revision, mutex token.
-_DELETE = """
-local ok = redis.call('HGET', KEYS[1], 'revision') == ARGV[1]
-if ok then redis.call('DEL', KEYS[1]) end
-if redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('DEL', KEYS[2]) end
-if ok then return 1 end
-return 0
-"""
-
-# KEYS: mutex.  ARGV: token.  Compare-and-delete: only the owner releases.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-# KEYS: a mutex.  ARGV: token, ttl ms.  Extends the TTL only for its owner.
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-
-# KEYS: stream layout hash.  ARGV: field/value pairs.  Create only if absent.
-_CREATE_HASH = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV))
-return 1
-"""
-
-
-class StoreError(Exception):
-    """Metadata exists but cannot be used: fail closed."""
-
-    error_code = "METADATA_CORRUPT"
-
-
-class MetadataUnsupported(StoreError):
-    error_code = "METADATA_SCHEMA_UNSUPPORTED"
-
-
-class MetadataCorrupt(StoreError):
-    error_code = "METADATA_CORRUPT"
-
-
-class MutexBusy(Exception):
-    """The group mutex is held by someone else (``load`` with a token)."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupKeys:
-    stream_prefix: str
-    consumer_group: str
-    metadata: str
-    mutex: str
-
-    @property
-    def index_member(self) -> str:
-        return f"{self.stream_prefix}{INDEX_SEPARATOR}{self.consumer_group}"
-
-
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    """One group as read from Redis. ``group`` must be treated as immutable."""
-
-    keys: GroupKeys
-    revision: int
-    #: Random id of the write that produced ``revision``: after a restore the
-    #: same revision number can come back with other contents.
-    write_id: str
-    updated_at: str
-    group: GroupMetadata
-    #: The layout found in Redis; a v1 group is rewritten as v2 on its next write.
-    layout_version: int = LAYOUT_VERSION
-
-
-@dataclass(frozen=True, slots=True)
-class CommitResult:
-    ok: bool
-    revision: int | None
-    loaded: Loaded | None
-    #: Refused: another Redis server incarnation stamped the group last.
-    server_changed: bool = False
 
 
 def _s(value: Any) -> str:
@@ -343,34 +85,24 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
-# Write ids and mutex tokens need only be unique (no one guesses them: every
-# writer is a coordinator).  A random per-process prefix and a counter are
-# that, without a system call for random bytes twice per heartbeat.
-_ID_PREFIX: Final = secrets.token_hex(6)
-_ID_COUNTER = itertools.count()
-
-
-def unique_id() -> str:
-    """A write id or mutex token no other write or holder has, in any process."""
-    return f"{_ID_PREFIX}{next(_ID_COUNTER):x}"
-
-
 class MetadataStore:
     def __init__(self, client: RedisClient, key_prefix: str, metrics: Metrics) -> None:
         self.client = client
         self.key_prefix = key_prefix
         self.metrics = metrics
-        self.index_key = f"{key_prefix}:groups"
+        self.index_key = key_names.index_key(key_prefix)
         # Registered once; redis-py sends EVALSHA and reloads on NOSCRIPT.
-        self._load: AsyncScript = client.register_script(_WRITES_SINCE + _LOAD)
-        self._steady: AsyncScript = client.register_script(_WRITES_SINCE + _STEADY_PRELUDE + _LOAD)
+        self._load: AsyncScript = client.register_script(scripts.WRITES_SINCE + scripts.LOAD)
+        self._steady: AsyncScript = client.register_script(
+            scripts.WRITES_SINCE + scripts.STEADY_PRELUDE + scripts.LOAD
+        )
         # Concurrent steady writes (of any groups) share a round trip.
         self._steady_batch = ScriptBatcher(client, self._steady, metrics.steady_pipeline_sizes)
-        self._commit: AsyncScript = client.register_script(_COMMIT)
-        self._delete: AsyncScript = client.register_script(_DELETE)
-        self._release: AsyncScript = client.register_script(_RELEASE)
-        self._create_hash: AsyncScript = client.register_script(_CREATE_HASH)
-        self._renew: AsyncScript = client.register_script(_RENEW)
+        self._commit: AsyncScript = client.register_script(scripts.COMMIT)
+        self._delete: AsyncScript = client.register_script(scripts.DELETE)
+        self._release: AsyncScript = client.register_script(scripts.RELEASE)
+        self._create_hash: AsyncScript = client.register_script(scripts.CREATE_HASH)
+        self._renew: AsyncScript = client.register_script(scripts.RENEW)
         # Parse cache only: an entry is used when Redis still holds its
         # (revision, writeId), or brought up to date from the member records
         # written since (the write log proves nothing else changed).
@@ -379,19 +111,13 @@ class MetadataStore:
     # -- keys ----------------------------------------------------------------
 
     def group_keys(self, stream_prefix: str, consumer_group: str) -> GroupKeys:
-        tag = f"{{{stream_prefix}:{consumer_group}}}"
-        return GroupKeys(
-            stream_prefix=stream_prefix,
-            consumer_group=consumer_group,
-            metadata=f"{self.key_prefix}:{tag}:metadata",
-            mutex=f"{self.key_prefix}:{tag}:mutex",
-        )
+        return key_names.group_keys(self.key_prefix, stream_prefix, consumer_group)
 
     def stream_record_key(self, stream_prefix: str) -> str:
-        return f"{self.key_prefix}:{{{stream_prefix}}}:stream"
+        return key_names.stream_record_key(self.key_prefix, stream_prefix)
 
     def stream_lock_key(self, stream_prefix: str) -> str:
-        return f"{self.key_prefix}:{{{stream_prefix}}}:stream-lock"
+        return key_names.stream_lock_key(self.key_prefix, stream_prefix)
 
     # -- group metadata ------------------------------------------------------
 
@@ -426,7 +152,7 @@ class MetadataStore:
     def _loaded(
         self, keys: GroupKeys, cached: Loaded | None, reply: Sequence[Any]
     ) -> Loaded | None:
-        """A ``_LOAD`` reply as a group (``cached``: the copy the script was told of)."""
+        """A ``scripts.LOAD`` reply as a group (``cached``: the copy the script was told of)."""
         status = int(reply[0])
         if status == 0:
             raise MutexBusy(keys.mutex)

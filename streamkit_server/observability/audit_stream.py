@@ -18,7 +18,7 @@ from typing import Final
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
-from streamkit_server.store import RedisClient
+from streamkit_server.store.records import RedisClient
 
 __all__ = ["AuditStream"]
 

@@ -35,7 +35,8 @@ from redis.asyncio import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from streamkit.backoff import jittered_backoff
-from streamkit_server.store import RedisClient
+from streamkit_server.store.keys import token_versions_key
+from streamkit_server.store.records import RedisClient
 
 __all__ = [
     "TokenVersions",
@@ -60,10 +61,6 @@ MAX_AGE_MS: Final = 5_000
 #: lost connection; after a refusal (an ACL) it tries again this rarely.
 _RETRY_S: Final = (0.5, 5.0)
 _REFUSED_RETRY_S: Final = 60.0
-
-
-def token_versions_key(key_prefix: str) -> str:
-    return f"{key_prefix}:auth:token-versions"
 
 
 async def current_version(client: RedisClient, key_prefix: str, username: str) -> int:

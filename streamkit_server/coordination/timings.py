@@ -26,7 +26,8 @@ from typing import Final
 from redis.exceptions import RedisError
 
 from streamkit_server.core import CoordinatorConfig
-from streamkit_server.store import RedisClient
+from streamkit_server.store.keys import coordinators_key
+from streamkit_server.store.records import RedisClient
 
 __all__ = ["LIVE_MS", "TimingConflict", "Timings", "coordinators_key", "differences", "encode"]
 
@@ -78,10 +79,6 @@ _FIELDS: Final = (
     ("rebalanceTimeoutMs", "REBALANCE_TIMEOUT_MS"),
     ("producerRoutingLeaseMs", "PRODUCER_ROUTING_LEASE_MS"),
 )
-
-
-def coordinators_key(key_prefix: str) -> str:
-    return f"{key_prefix}:coordinators"
 
 
 def encode(config: CoordinatorConfig) -> str:

@@ -34,60 +34,36 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias, TypeVar
 
 from streamkit.protocol import (
-    CreateGroupRequest,
-    CreateStreamRequest,
-    DeleteGroupRequest,
-    GroupResponse,
-    HeartbeatRequest,
-    HeartbeatResponse,
-    HeartbeatStatus,
     MemberState,
-    StreamCreateResponse,
 )
-from streamkit_server import views
+from streamkit_server.coordination import views
 from streamkit_server.core import (
     LAYOUT_VERSION,
-    SCHEMA_VERSION,
     Change,
-    CoordinatorConfig,
-    GroupCreated,
-    GroupDeleted,
     GroupDocumentChanged,
     GroupMetadata,
     MemberUpserted,
     Result,
     Seen,
     begin_correction,
-    handle_heartbeat,
-    join_refusal,
     merge_changes,
-    new_group,
     observe,
     steady,
-    tick,
 )
 from streamkit_server.errors import CoordinatorError, Rejected
-from streamkit_server.gate import TerminatingGate
-from streamkit_server.metrics import Metrics
-from streamkit_server.mutex import MutexTimeout, lock_and_load
-from streamkit_server.provisioning import Provisioner
+from streamkit_server.observability.metrics import Metrics
 from streamkit_server.settings import ServerSettings
-from streamkit_server.store import CommitResult, GroupKeys, Loaded, MetadataStore, MutexBusy
-from streamkit_server.streams import (
-    Ordering,
-    StreamLock,
-    StreamRecord,
-    common_layout,
-    read_record,
-    stream_group_names,
-)
+from streamkit_server.store.keys import GroupKeys
+from streamkit_server.store.metadata import MetadataStore
+from streamkit_server.store.mutex import MutexTimeout, lock_and_load
+from streamkit_server.store.records import CommitResult, Loaded, MutexBusy
 
-__all__ = ["CoordinatorService", "GroupExecutor", "Operation", "now_ms"]
+__all__ = ["GroupExecutor", "Operation", "group_already_exists", "group_not_found", "now_ms"]
 
 log = logging.getLogger("streamkit_server.service")
 
@@ -452,339 +428,3 @@ async def _finish_even_if_cancelled(aw: Awaitable[None]) -> None:
     if cancelled:
         raise asyncio.CancelledError
     task.result()
-
-
-# -- operations ----------------------------------------------------------------------
-# Each builds an ``Operation`` from its (immutable) inputs; the executor runs it
-# and hands back its response.  Nothing is read back from them after submit.
-
-
-def heartbeat_op(
-    keys: GroupKeys,
-    member_id: str,
-    request: HeartbeatRequest,
-    config: CoordinatorConfig,
-    metrics: Metrics,
-) -> Operation[HeartbeatResponse]:
-    def op(group: GroupMetadata | None, now: int) -> Result[HeartbeatResponse]:
-        if group is None:
-            metrics.metadata_missing.inc()
-            raise group_not_found(keys)
-        refusal = join_refusal(group, member_id, request, config)
-        if refusal is not None:
-            raise Rejected("TOO_MANY_MEMBERS", refusal)
-        if request.metadata_version > group.metadata_version:
-            metrics.metadata_version_ahead.inc()
-        return handle_heartbeat(group, member_id, request, now, config)
-
-    return op
-
-
-def tick_op(config: CoordinatorConfig) -> Operation[bool]:
-    """Answers whether anything was due."""
-
-    def op(group: GroupMetadata | None, now: int) -> Result[bool]:
-        if group is None:
-            return Result(None, (), False)
-        return tick(group, now, config)
-
-    return op
-
-
-def create_group_op(keys: GroupKeys, layout: Sequence[int]) -> Operation[GroupMetadata]:
-    def op(group: GroupMetadata | None, now: int) -> Result[GroupMetadata]:
-        if group is not None:
-            raise group_already_exists(keys)
-        fresh = new_group(keys.stream_prefix, keys.consumer_group, len(layout), now)
-        # The stream's current layout, which after an ordered reshard is not
-        # the identity new_group assumes.
-        created = fresh.model_copy(update={"layout": list(layout)})
-        return Result(created, (GroupCreated(),), created)
-
-    return op
-
-
-def delete_group_op(keys: GroupKeys, force: bool) -> Operation[GroupMetadata]:
-    """Answers the group as it was before the deletion."""
-
-    def op(group: GroupMetadata | None, now: int) -> Result[GroupMetadata]:
-        if group is None:
-            raise group_not_found(keys)
-        if group.active_migration() is not None:
-            # Its Redis consumer groups take part in the drain proof of the
-            # migration's removed shards; deleting mid-way would strand it.
-            raise CoordinatorError(
-                "ACTIVE_MIGRATION_EXISTS",
-                "the group has an active resharding migration; wait for it to finish "
-                "or roll it back, then delete",
-            )
-        live = group.live_member_ids()
-        if (live or group.owners) and not force:
-            raise CoordinatorError(
-                "GROUP_NOT_INACTIVE",
-                f"group has {len(live)} live members and {len(group.owners)} held shards; "
-                "let the members leave first, or pass force=true for recovery",
-            )
-        return Result(None, (GroupDeleted(),), group)
-
-    return op
-
-
-# -- the service -------------------------------------------------------------------
-
-
-class CoordinatorService:
-    def __init__(
-        self,
-        store: MetadataStore,
-        provisioner: Provisioner,
-        settings: ServerSettings,
-        metrics: Metrics,
-        gate: TerminatingGate,
-    ) -> None:
-        self.store = store
-        self.provisioner = provisioner
-        self.settings = settings
-        self.config = settings.coordinator_config()
-        self.metrics = metrics
-        self.gate = gate
-        self.executor = GroupExecutor(store, settings, metrics)
-
-    def keys(self, stream_prefix: str, consumer_group: str) -> GroupKeys:
-        return self.store.group_keys(stream_prefix, consumer_group)
-
-    # -- member API --------------------------------------------------------------
-
-    async def heartbeat(
-        self, keys: GroupKeys, member_id: str, request: HeartbeatRequest
-    ) -> HeartbeatResponse:
-        started = time.perf_counter()
-        op = heartbeat_op(keys, member_id, request, self.config, self.metrics)
-        try:
-            async with self.gate.critical():
-                response = await self.executor.submit(keys, op)
-        except MutexTimeout:
-            # Not an HTTP error: the member simply heartbeats again.
-            response = HeartbeatResponse(
-                response_to=request.request_id,
-                status=HeartbeatStatus.RETRY,
-                member_id=request.member_id,
-                member_epoch=request.member_epoch,
-                heartbeat_interval_ms=self.config.heartbeat_interval_ms,
-                rebalance_timeout_ms=self.config.rebalance_timeout_ms,
-            )
-        self.metrics.heartbeats_by_status(str(response.status)).inc()
-        if response.status is HeartbeatStatus.UNSUPPORTED_PROTOCOL:
-            self.metrics.compatibility_failures.labels("coordination_version").inc()
-        self.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
-        return response
-
-    # -- tick ----------------------------------------------------------------------
-
-    async def tick_group(self, keys: GroupKeys) -> bool:
-        changed = await self.executor.submit(keys, tick_op(self.config))
-        if changed:
-            self.metrics.ticks.inc()
-        return changed
-
-    # -- admin -----------------------------------------------------------------------
-
-    async def create_stream(
-        self, stream_prefix: str, request: CreateStreamRequest, ordering: Ordering | None = None
-    ) -> StreamCreateResponse:
-        count = request.initial_shard_count or self.settings.default_shard_count
-        async with self.gate.critical(), self.stream_lock(stream_prefix):
-            if await self.store.read_stream_record(stream_prefix) is not None:
-                raise CoordinatorError(
-                    "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists"
-                )
-            layout = list(range(count))
-            await self._refuse_collisions(stream_prefix, layout)
-            await self.provisioner.provision(stream_prefix, layout, None)
-            await self._write_stream_record(
-                stream_prefix,
-                StreamRecord(tuple(layout), ordering or "none"),
-                request.requested_by,
-                request.reason,
-            )
-        return StreamCreateResponse(
-            stream_prefix=stream_prefix, shard_count=count, metadata_version=1
-        )
-
-    async def create_group(
-        self, keys: GroupKeys, request: CreateGroupRequest, ordering: Ordering | None = None
-    ) -> GroupResponse:
-        prefix = keys.stream_prefix
-        async with self.gate.critical(), self.stream_lock(prefix):
-            record = await read_record(self.store, prefix)
-            others = await self._stream_groups(prefix, record, exclude=keys.consumer_group)
-            for other in others:
-                active = other.active_migration()
-                if active is not None:
-                    # The new group would miss the migration the others are in.
-                    raise CoordinatorError(
-                        "ACTIVE_MIGRATION_EXISTS",
-                        f"stream {prefix!r} is being resharded ({active.resharding_id}, "
-                        f"{active.state.value}); create the group once it has finished",
-                    )
-            # The groups are the source of truth for the layout; the record
-            # only matters for a stream that has none (yet).
-            current = common_layout(prefix, others)
-            if current is None and record is not None:
-                current = record.layout
-            if current is not None:
-                wanted = request.initial_shard_count
-                if wanted is not None and wanted != len(current):
-                    raise CoordinatorError(
-                        "SHARD_COUNT_MISMATCH",
-                        f"stream {prefix!r} has {len(current)} shards; initialShardCount="
-                        f"{wanted} does not match (omit it, or scale the stream)",
-                    )
-                layout = list(current)
-            else:
-                count = request.initial_shard_count or self.settings.default_shard_count
-                layout = list(range(count))
-                await self._refuse_collisions(prefix, layout)
-            if record is not None and ordering is not None and ordering != record.ordering:
-                raise CoordinatorError(
-                    "ORDERING_MISMATCH",
-                    f"stream {prefix!r} has ordering={record.ordering!r}; the group cannot "
-                    f"ask for {ordering!r} (omit it; an ordering given to a scale request "
-                    "applies to that scale only)",
-                )
-            if await self.store.load(keys) is not None:
-                # Checked before provisioning too, so a duplicate create does
-                # not touch Redis; the create CAS below is what decides.
-                raise group_already_exists(keys)
-            await self.provisioner.provision(prefix, layout, keys.consumer_group)
-            # The record names the group before its metadata exists, so a
-            # stream-wide change can never miss it (see streams.py).
-            fresh = StreamRecord(
-                tuple(layout),
-                record.ordering if record else ordering or "none",
-                (*(record.groups if record else ()), keys.consumer_group),
-            )
-            if record is None:
-                await self._write_stream_record(prefix, fresh, request.requested_by, request.reason)
-            else:
-                changed = fresh.layout_fields() if record.layout != fresh.layout else {}
-                await self.store.update_stream_record(prefix, {**changed, **fresh.groups_field()})
-            self.executor.forget(keys)
-            created = await self.executor.submit(keys, create_group_op(keys, layout))
-            await self.store.add_to_index(keys)
-        return views.group_response(created)
-
-    async def delete_group(self, keys: GroupKeys, request: DeleteGroupRequest) -> GroupResponse:
-        prefix = keys.stream_prefix
-        async with self.gate.critical(), self.stream_lock(prefix):
-            snapshot = await self.executor.submit(keys, delete_group_op(keys, request.force))
-            record = await read_record(self.store, prefix)
-            if record is not None and keys.consumer_group in record.groups:
-                rest = tuple(g for g in record.groups if g != keys.consumer_group)
-                await self.store.update_stream_record(
-                    prefix, replace(record, groups=rest).groups_field()
-                )
-            # Under the stream lock, so a concurrent re-create of the group
-            # cannot have its fresh Redis groups destroyed.
-            await self.provisioner.destroy_group(
-                prefix, sorted(snapshot.known_shards()), keys.consumer_group
-            )
-        return views.group_response(snapshot)
-
-    async def _refuse_collisions(self, stream_prefix: str, shards: Sequence[int]) -> None:
-        collisions = await self.provisioner.collisions(stream_prefix, shards)
-        if collisions:
-            shown = ", ".join(collisions[:5]) + (" ..." if len(collisions) > 5 else "")
-            raise CoordinatorError(
-                "STREAM_KEYS_EXIST",
-                f"stream {stream_prefix!r} has no coordinator metadata but its shard keys "
-                f"already hold data: {shown}",
-            )
-
-    async def _write_stream_record(
-        self, stream_prefix: str, record: StreamRecord, requested_by: str, reason: str | None
-    ) -> None:
-        stamp = str(now_ms())
-        created = await self.store.create_stream_record(
-            stream_prefix,
-            {
-                **record.layout_fields(),
-                **record.groups_field(),
-                "metadataVersion": "1",
-                "schemaVersion": str(SCHEMA_VERSION),
-                "layoutVersion": str(LAYOUT_VERSION),
-                "createdAt": stamp,
-                "updatedAt": stamp,
-                "requestedBy": requested_by,
-                "reason": reason or "",
-            },
-        )
-        if not created:  # only possible if another writer ignored the stream lock
-            raise CoordinatorError(
-                "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists"
-            )
-
-    async def _stream_groups(
-        self, stream_prefix: str, record: StreamRecord | None, exclude: str
-    ) -> list[GroupMetadata]:
-        names = await stream_group_names(self.store, stream_prefix, record)
-        loaded = await self.load_groups(stream_prefix, (n for n in names if n != exclude))
-        return list(loaded.values())
-
-    # -- the stream-wide helpers, shared with the resharding service ------------------
-
-    def stream_lock(self, stream_prefix: str) -> StreamLock:
-        """The mutex of stream-wide changes (creation, scale, rollback, retirement)."""
-        return StreamLock(
-            self.store, stream_prefix, self.settings.mutex_ttl_ms, self.settings.mutex_wait_ms
-        )
-
-    async def load_groups(
-        self, stream_prefix: str, names: Iterable[str]
-    ) -> dict[str, GroupMetadata]:
-        """The named groups of a stream as stored; a deleted group simply drops out."""
-        out: dict[str, GroupMetadata] = {}
-        for name in names:
-            loaded = await self.store.load(self.keys(stream_prefix, name))
-            if loaded is not None:
-                out[name] = loaded.group
-        return out
-
-    async def sync_stream_record(
-        self,
-        stream_prefix: str,
-        groups: Mapping[str, GroupMetadata],
-        record: StreamRecord | None = None,
-    ) -> None:
-        """Make the stream record follow the groups' (common) layout.
-
-        The groups are the source of truth; the record is what a group created
-        later starts from, so every stream-wide change ends with this.
-        """
-        layout = common_layout(stream_prefix, groups.values())
-        if layout is None:
-            return
-        if record is None:
-            record = await read_record(self.store, stream_prefix)
-        if record is not None and record.layout == layout:
-            return
-        fresh = StreamRecord(layout, record.ordering if record is not None else "none")
-        await self.store.update_stream_record(
-            stream_prefix, {**fresh.layout_fields(), "updatedAt": str(now_ms())}, bump=True
-        )
-
-    # -- reads -----------------------------------------------------------------------
-
-    async def read_group(self, keys: GroupKeys) -> GroupMetadata:
-        loaded = await self.store.load(keys)
-        if loaded is None:
-            raise group_not_found(keys)
-        return loaded.group
-
-    async def list_groups(self) -> list[GroupMetadata]:
-        groups = []
-        for prefix, group in await self.store.indexed_groups():
-            loaded = await self.store.load(self.keys(prefix, group))
-            if loaded is not None:  # a vanished key is skipped, never rebuilt
-                groups.append(loaded.group)
-        return groups

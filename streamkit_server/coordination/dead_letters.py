@@ -28,10 +28,11 @@ from streamkit.consumer.failure import X_ORIGINAL_STREAM, dead_letter_key
 from streamkit.numerals import ascii_uint
 from streamkit.publisher.publisher import PublishResult
 from streamkit.routing import shard_for_key, stream_key
+from streamkit_server.coordination.service import CoordinatorService
 from streamkit_server.core import GroupMetadata
 from streamkit_server.errors import CoordinatorError
-from streamkit_server.service import CoordinatorService
-from streamkit_server.store import GroupKeys, RedisClient
+from streamkit_server.store.keys import GroupKeys
+from streamkit_server.store.records import RedisClient
 
 __all__ = [
     "MAX_PAGE",

@@ -21,7 +21,8 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from streamkit_server.errors import CoordinatorError
-from streamkit_server.store import RedisClient
+from streamkit_server.store.keys import ratelimit_prefix
+from streamkit_server.store.records import RedisClient
 
 __all__ = ["RateLimited", "RateLimiter"]
 
@@ -90,7 +91,7 @@ class RateLimiter:
     def __init__(self, client: RedisClient, key_prefix: str) -> None:
         self._client = client
         self._script: AsyncScript = client.register_script(_WINDOW)
-        self._prefix = f"{key_prefix}:ratelimit"
+        self._prefix = ratelimit_prefix(key_prefix)
         self._shares: dict[str, _Share] = {}
         self._flushed_ms = -float(SHARE_INTERVAL_MS)  # when the last flush started
         self._flushing = False
