@@ -21,6 +21,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from streamkit_server.errors import CoordinatorError
+from streamkit_server.store import scripts
 from streamkit_server.store.keys import ratelimit_prefix
 from streamkit_server.store.records import RedisClient
 
@@ -28,25 +29,6 @@ __all__ = ["RateLimited", "RateLimiter"]
 
 log = logging.getLogger("streamkit_server.ratelimit")
 _TIMEOUT_S: Final = 0.5
-
-# KEYS[1] counter; ARGV: window ms, limit, cost.  Returns the window's
-# remaining ms once the count exceeds the limit, else -1.
-_WINDOW: Final = """
-local cost = tonumber(ARGV[3])
-local count
-if cost > 0 then
-  count = redis.call('INCRBY', KEYS[1], cost)
-  if count == cost then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-else
-  count = tonumber(redis.call('GET', KEYS[1]) or '0')
-end
-if count > tonumber(ARGV[2]) then
-  local ttl = redis.call('PTTL', KEYS[1])
-  if ttl < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]); ttl = tonumber(ARGV[1]) end
-  return ttl
-end
-return -1
-"""
 
 
 #: The least time between two flushes of the batched (``check_batched``)
@@ -90,7 +72,7 @@ class RateLimited(CoordinatorError):
 class RateLimiter:
     def __init__(self, client: RedisClient, key_prefix: str) -> None:
         self._client = client
-        self._script: AsyncScript = client.register_script(_WINDOW)
+        self._script: AsyncScript = client.register_script(scripts.RATE_WINDOW)
         self._prefix = ratelimit_prefix(key_prefix)
         self._shares: dict[str, _Share] = {}
         self._flushed_ms = -float(SHARE_INTERVAL_MS)  # when the last flush started

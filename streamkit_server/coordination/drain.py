@@ -19,36 +19,10 @@ from enum import IntEnum
 from redis.commands.core import AsyncScript
 
 from streamkit.routing import stream_key
+from streamkit_server.store import scripts
 from streamkit_server.store.records import RedisClient
 
 __all__ = ["DrainProber", "DrainResult"]
-
-# KEYS: one shard stream.  ARGV: 'probe' or 'retire', then the names of the
-# coordinator's groups of the stream.
-_DRAIN = """
-local t = redis.call('TYPE', KEYS[1])['ok']
-if t == 'none' then return 1 end
-if t ~= 'stream' then
-  return redis.error_reply('WRONGTYPE shard key ' .. KEYS[1] .. ' holds a ' .. t)
-end
-local seen = {}
-for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-  local f = {}
-  for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
-  -- A nil lag arrives as false: unknown is not zero.
-  if f['pending'] ~= 0 or f['lag'] ~= 0 then return 0 end
-  seen[f['name']] = true
-end
--- A coordinator group whose Redis group is gone from a non-empty key never
--- read these entries; deleting the key would lose them for it.
-if redis.call('XLEN', KEYS[1]) > 0 then
-  for i = 2, #ARGV do
-    if not seen[ARGV[i]] then return -1 end
-  end
-end
-if ARGV[1] == 'retire' then redis.call('UNLINK', KEYS[1]) end
-return 1
-"""
 
 
 class DrainResult(IntEnum):
@@ -59,7 +33,7 @@ class DrainResult(IntEnum):
 
 class DrainProber:
     def __init__(self, client: RedisClient) -> None:
-        self._script: AsyncScript = client.register_script(_DRAIN)
+        self._script: AsyncScript = client.register_script(scripts.DRAIN)
 
     async def probe(self, stream_prefix: str, shard: int, groups: Sequence[str]) -> DrainResult:
         return await self._run("probe", stream_prefix, shard, groups)

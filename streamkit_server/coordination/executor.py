@@ -271,7 +271,7 @@ class GroupExecutor:
 
         ``server_changed``: the last attempt's write was refused because
         another Redis server incarnation stamped the group; this one opens a
-        correction round first (see ``store._COMMIT``).  ``locked``: the mutex
+        correction round first (see ``store.scripts.COMMIT``).  ``locked``: the mutex
         is held already and the group loaded with it.
         """
         if locked is None:

@@ -26,6 +26,7 @@ from typing import Final
 from redis.exceptions import RedisError
 
 from streamkit_server.core import CoordinatorConfig
+from streamkit_server.store import scripts
 from streamkit_server.store.keys import coordinators_key
 from streamkit_server.store.records import RedisClient
 
@@ -36,30 +37,6 @@ log = logging.getLogger("streamkit_server.timings")
 #: A running process' entry binds this long past its last refresh (at least).
 LIVE_MS: Final = 30_000
 
-# Atomic, so two processes starting together cannot both miss each other.
-# Uses the server's clock: coordinator hosts may disagree about the time.
-# ARGV: coordinator id, encoded timings, how long the entry binds (ms).
-# Reply: {1} registered, or {0, id, their timings, ms they still bind, stopped}.
-_REGISTER = """
-local now_parts = redis.call('TIME')
-local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
-local entries = redis.call('HGETALL', KEYS[1])
-for i = 1, #entries, 2 do
-  local id, value = entries[i], entries[i + 1]
-  local sep = string.find(value, '|', 1, true)
-  local bound = sep and tonumber(string.sub(value, 1, sep - 1)) or 0
-  local rest = sep and string.sub(value, sep + 1) or ''
-  local stop = string.find(rest, '|', 1, true)
-  local timings = stop and string.sub(rest, 1, stop - 1) or rest
-  if bound < now then
-    redis.call('HDEL', KEYS[1], id)
-  elseif id ~= ARGV[1] and timings ~= ARGV[2] then
-    return {0, id, timings, bound - now, stop and 1 or 0}
-  end
-end
-redis.call('HSET', KEYS[1], ARGV[1], (now + tonumber(ARGV[3])) .. '|' .. ARGV[2])
-return {1}
-"""
 
 # A stopping process' entry stays, binding for as long as its leases may run
 # (ARGV: id, encoded timings, ms).  Only an entry still there: one that lapsed
@@ -118,7 +95,7 @@ class Timings:
     config: CoordinatorConfig
 
     def __post_init__(self) -> None:
-        self._script = self.client.register_script(_REGISTER)
+        self._script = self.client.register_script(scripts.REGISTER_TIMINGS)
         self._stop = self.client.register_script(_STOP)
         self._encoded = encode(self.config)
         self._warned_about: str | None = None

@@ -18,6 +18,7 @@ from redis.commands.core import AsyncScript
 
 from streamkit.routing import stream_key
 from streamkit_server.errors import CoordinatorError
+from streamkit_server.store import scripts
 from streamkit_server.store.records import RedisClient
 
 __all__ = [
@@ -35,33 +36,6 @@ MAX_NAME_LENGTH: Final = 200
 _FORBIDDEN = re.compile(r"[\s{}/%\x00-\x1f\x7f]")
 _PARALLEL = 32
 _ShardFn: TypeAlias = Callable[[int], Coroutine[object, object, None]]
-
-# KEYS: one shard stream.  ARGV: consumer group ('' = only make sure the empty
-# stream exists), placeholder group name.  One script per key, so it is atomic
-# and single-slot.  A new stream is created through XGROUP CREATE MKSTREAM
-# (Redis has no "create empty stream" command); without a real group, a
-# placeholder group is created and destroyed in the same script, so it can
-# never be left behind.
-_PROVISION = """
-local t = redis.call('TYPE', KEYS[1])['ok']
-if t ~= 'none' and t ~= 'stream' then
-  return redis.error_reply('WRONGTYPE shard key ' .. KEYS[1] .. ' holds a ' .. t)
-end
-if ARGV[1] == '' then
-  if t == 'none' then
-    redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[2], '$', 'MKSTREAM')
-    redis.call('XGROUP', 'DESTROY', KEYS[1], ARGV[2])
-    return 1
-  end
-  return 0
-end
-local r = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
-if type(r) == 'table' and r.err then
-  if string.find(r.err, 'BUSYGROUP', 1, true) then return 0 end
-  return r
-end
-return 1
-"""
 
 
 def _validate_name(value: str, what: str, code: str, extra: str = "") -> str:
@@ -110,7 +84,7 @@ def validate_member_id(value: str) -> str:
 class Provisioner:
     def __init__(self, client: RedisClient) -> None:
         self.client = client
-        self._script: AsyncScript = client.register_script(_PROVISION)
+        self._script: AsyncScript = client.register_script(scripts.PROVISION)
 
     async def collisions(self, stream_prefix: str, shards: Sequence[int]) -> list[str]:
         """Shard keys that hold data we did not create (a non-empty stream or another type).

@@ -204,3 +204,109 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 """
+
+
+# Used by ``coordination/drain.py``.
+# KEYS: one shard stream.  ARGV: 'probe' or 'retire', then the names of the
+# coordinator's groups of the stream.
+DRAIN = """
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t == 'none' then return 1 end
+if t ~= 'stream' then
+  return redis.error_reply('WRONGTYPE shard key ' .. KEYS[1] .. ' holds a ' .. t)
+end
+local seen = {}
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local f = {}
+  for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
+  -- A nil lag arrives as false: unknown is not zero.
+  if f['pending'] ~= 0 or f['lag'] ~= 0 then return 0 end
+  seen[f['name']] = true
+end
+-- A coordinator group whose Redis group is gone from a non-empty key never
+-- read these entries; deleting the key would lose them for it.
+if redis.call('XLEN', KEYS[1]) > 0 then
+  for i = 2, #ARGV do
+    if not seen[ARGV[i]] then return -1 end
+  end
+end
+if ARGV[1] == 'retire' then redis.call('UNLINK', KEYS[1]) end
+return 1
+"""
+
+
+# Used by ``store/provisioning.py``.
+# KEYS: one shard stream.  ARGV: consumer group ('' = only make sure the empty
+# stream exists), placeholder group name.  One script per key, so it is atomic
+# and single-slot.  A new stream is created through XGROUP CREATE MKSTREAM
+# (Redis has no "create empty stream" command); without a real group, a
+# placeholder group is created and destroyed in the same script, so it can
+# never be left behind.
+PROVISION = """
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'none' and t ~= 'stream' then
+  return redis.error_reply('WRONGTYPE shard key ' .. KEYS[1] .. ' holds a ' .. t)
+end
+if ARGV[1] == '' then
+  if t == 'none' then
+    redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[2], '$', 'MKSTREAM')
+    redis.call('XGROUP', 'DESTROY', KEYS[1], ARGV[2])
+    return 1
+  end
+  return 0
+end
+local r = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
+if type(r) == 'table' and r.err then
+  if string.find(r.err, 'BUSYGROUP', 1, true) then return 0 end
+  return r
+end
+return 1
+"""
+
+
+# Used by ``auth/ratelimit.py``.
+# KEYS[1] counter; ARGV: window ms, limit, cost.  Returns the window's
+# remaining ms once the count exceeds the limit, else -1.
+RATE_WINDOW = """
+local cost = tonumber(ARGV[3])
+local count
+if cost > 0 then
+  count = redis.call('INCRBY', KEYS[1], cost)
+  if count == cost then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+else
+  count = tonumber(redis.call('GET', KEYS[1]) or '0')
+end
+if count > tonumber(ARGV[2]) then
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]); ttl = tonumber(ARGV[1]) end
+  return ttl
+end
+return -1
+"""
+
+
+# Used by ``coordination/timings.py``.
+# Atomic, so two processes starting together cannot both miss each other.
+# Uses the server's clock: coordinator hosts may disagree about the time.
+# ARGV: coordinator id, encoded timings, how long the entry binds (ms).
+# Reply: {1} registered, or {0, id, their timings, ms they still bind, stopped}.
+REGISTER_TIMINGS = """
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
+local entries = redis.call('HGETALL', KEYS[1])
+for i = 1, #entries, 2 do
+  local id, value = entries[i], entries[i + 1]
+  local sep = string.find(value, '|', 1, true)
+  local bound = sep and tonumber(string.sub(value, 1, sep - 1)) or 0
+  local rest = sep and string.sub(value, sep + 1) or ''
+  local stop = string.find(rest, '|', 1, true)
+  local timings = stop and string.sub(rest, 1, stop - 1) or rest
+  if bound < now then
+    redis.call('HDEL', KEYS[1], id)
+  elseif id ~= ARGV[1] and timings ~= ARGV[2] then
+    return {0, id, timings, bound - now, stop and 1 or 0}
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], (now + tonumber(ARGV[3])) .. '|' .. ARGV[2])
+return {1}
+"""
