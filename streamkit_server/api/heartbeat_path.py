@@ -173,7 +173,7 @@ class HeartbeatPath:
         decided = await service.heartbeat(service.keys(prefix, group), member_id, request)
         # ``HeartbeatAnswer`` is the response plus one last field: appended to
         # the response's JSON, the same bytes as building and dumping the
-        # answer model (tests/server/test_heartbeat_path.py compares them).
+        # answer model (tests/server/api/test_heartbeat_path.py compares them).
         return decided.model_dump_json(by_alias=True).encode()[:-1] + self._lease_field
 
     async def _caller(self, authorization: str | None) -> Principal | None:

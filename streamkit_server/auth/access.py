@@ -2,7 +2,7 @@
 
 Keys are OpenAPI operation ids (and, for the routes outside the document,
 their path).  ``None`` means public.  ``api.deps.authorize`` looks the
-current route up here, and ``tests/server/test_access_matrix.py`` walks every
+current route up here, and ``tests/server/auth/test_access_matrix.py`` walks every
 route of the app against it; ``docs/operations.md`` shows the same table.
 """
 

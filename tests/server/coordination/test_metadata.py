@@ -13,7 +13,7 @@ import httpx
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .sim import (
+from ..sim import (
     API,
     SimMember,
     create_group,

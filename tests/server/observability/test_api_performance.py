@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from streamkit.testing import RedisTarget
 from streamkit_server.observability.metrics import _LATENCY_BUCKETS, bucket_quantile
 
-from .sim import API
+from ..sim import API
 
 BOUNDS = (*_LATENCY_BUCKETS, math.inf)
 

@@ -20,7 +20,7 @@ from streamkit_server.store.keys import GroupKeys
 from streamkit_server.store.metadata import MetadataStore
 from streamkit_server.store.records import CommitResult, Loaded, MutexBusy
 
-from .sim import KEY_PREFIX
+from ..sim import KEY_PREFIX
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .sim import API, SimMember, create_group, hb_path, meta_key, redis_of
+from ..sim import API, SimMember, create_group, hb_path, meta_key, redis_of
 
 HB = hb_path("input", "g", "m1")
 GROUP = f"{API}/streams/input/groups/g"

@@ -27,7 +27,7 @@ from streamkit_server.coordination.timings import (
 )
 from streamkit_server.core import CoordinatorConfig
 
-from .sim import SimMember, create_group, metric
+from ..sim import SimMember, create_group, metric
 
 KEY = coordinators_key("redis-stream:coord")
 # CoordinatorProcess' default timings, as flags.

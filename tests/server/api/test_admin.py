@@ -8,7 +8,7 @@ from streamkit.routing import redis_cluster_slot, stream_key
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .sim import API, SimMember, create_group, meta_key, redis_of
+from ..sim import API, SimMember, create_group, meta_key, redis_of
 
 
 async def test_create_stream_then_groups_provisions_every_shard(

@@ -10,7 +10,7 @@ import httpx
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .sim import SimMember, create_group, shards
+from ..sim import SimMember, create_group, shards
 
 LEASE_S = 1.5
 

@@ -11,7 +11,7 @@ import httpx
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .sim import API, SimMember, create_group, meta_key, metric, redis_of
+from ..sim import API, SimMember, create_group, meta_key, metric, redis_of
 
 Factory = Callable[..., CoordinatorProcess]
 MEMBERS = 16

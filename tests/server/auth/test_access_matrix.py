@@ -29,7 +29,7 @@ from streamkit_server.auth.principals import hash_password, parse_principals, ve
 from streamkit_server.auth.security import Authenticator, AuthError, Principal, Role
 from streamkit_server.settings import ServerSettings
 
-from .sim import API
+from ..sim import API
 
 PASSWORDS = {"reader": "r-secret-7f3a", "writer": "w-secret-91bc", "member": "m-secret-c2d4"}
 ROLES = {"reader": ["READ"], "writer": ["WRITE"], "member": ["MEMBER"]}
@@ -102,7 +102,7 @@ async def test_every_route_refuses_missing_credentials_and_wrong_roles(
 
 
 def test_the_docs_show_the_same_matrix() -> None:
-    text = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    text = (Path(__file__).parents[3] / "docs" / "operations.md").read_text()
     rows = dict(re.findall(r"^\| `([\w/]+)` \| (public|READ|WRITE|MEMBER) \|$", text, re.M))
     expected = {key: (role.value if role else "public") for key, role in ROUTE_ROLES.items()}
     assert rows == expected

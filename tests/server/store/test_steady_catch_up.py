@@ -29,7 +29,7 @@ from streamkit_server.store.keys import GroupKeys
 from streamkit_server.store.metadata import MetadataStore
 from streamkit_server.store.records import CommitResult, Loaded
 
-from .sim import KEY_PREFIX
+from ..sim import KEY_PREFIX
 
 #: A short write log, so that copies fall out of it within a few steps.
 LOG_SIZE = 4

@@ -19,7 +19,7 @@ from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit_server.core import CoordinatorConfig, handle_heartbeat, new_group
 
-from .sim import SimMember, create_group, meta_key, redis_of, shards, snapshot
+from ..sim import SimMember, create_group, meta_key, redis_of, shards, snapshot
 from .v1_store import V1Store, V1Unsupported
 
 Factory = Callable[..., CoordinatorProcess]
@@ -121,7 +121,7 @@ V1_COMMIT = "f6f29ab"
 def v1_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The previous commit's packages in ``tmp_path/v1``; the working directory is
     moved to ``tmp_path``, since ``python -m`` puts it first on sys.path."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     archive = subprocess.run(
         ["git", "-C", str(repo), "archive", V1_COMMIT, "streamkit", "streamkit_server"],
         check=True, capture_output=True,

@@ -13,7 +13,7 @@ from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit_server.api import create_app
 from streamkit_server.settings import ServerSettings
 
-from .sim import SimMember, create_group, meta_key, redis_of
+from ..sim import SimMember, create_group, meta_key, redis_of
 
 Factory = Callable[..., CoordinatorProcess]
 

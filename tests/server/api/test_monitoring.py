@@ -9,7 +9,7 @@ import httpx
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .sim import API, SimMember, create_group, redis_of
+from ..sim import API, SimMember, create_group, redis_of
 
 MON = f"{API}/monitoring/streams/mon/groups/g"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from streamkit_server.api.errors import STATUS_BY_CODE
 
-ROOT = Path(__file__).resolve().parents[2] / "streamkit_server"
+ROOT = Path(__file__).resolve().parents[3] / "streamkit_server"
 RAISERS = {"CoordinatorError", "ReshardingRejected", "Rejected"}
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 from streamkit.testing import AsyncRedisClient
 
-from .sim import KEY_PREFIX
+from ..sim import KEY_PREFIX
 
 _LOAD = """
 if ARGV[1] ~= '' then

@@ -29,7 +29,7 @@ from streamkit_server.core import LAYOUT_VERSION, SCHEMA_VERSION
 from streamkit_server.observability.health import HealthFacts, assess, lag_limit_s
 from streamkit_server.settings import ServerSettings
 
-from .sim import API
+from ..sim import API
 
 PASSWORDS = {"reader": "ops-r-3b8e", "writer": "ops-w-77d1"}
 PRINCIPALS = json.dumps(

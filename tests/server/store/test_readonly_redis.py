@@ -17,7 +17,7 @@ from chaos.proxy import ChaosProxy
 from streamkit.testing import HOST, RedisServer, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .sim import create_group
+from ..sim import create_group
 
 
 async def test_a_demoted_primary_answers_503_then_the_coordinator_follows_the_endpoint(

@@ -14,9 +14,9 @@ from streamkit_server.api import create_app
 from streamkit_server.observability.metrics import Metrics
 from streamkit_server.settings import ServerSettings
 
-from .sim import API, SimMember, create_group
+from ..sim import API, SimMember, create_group
 
-DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "streamkit-coordinator.json"
+DASHBOARD = Path(__file__).parents[3] / "deploy" / "grafana" / "streamkit-coordinator.json"
 GRAFANA = f"{API}/monitoring/grafana"
 
 

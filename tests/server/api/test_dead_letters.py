@@ -17,7 +17,7 @@ from streamkit.routing import shard_for_key
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .sim import API, create_group, redis_of
+from ..sim import API, create_group, redis_of
 
 
 async def _dead_letter(r: Any, prefix: str, group: str, stream: str, fields: dict[str, str]) -> str:

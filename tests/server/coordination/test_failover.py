@@ -10,7 +10,7 @@ import httpx
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .sim import API, SimMember, create_group, meta_key, redis_of, stored_group
+from ..sim import API, SimMember, create_group, meta_key, redis_of, stored_group
 
 Factory = Callable[..., CoordinatorProcess]
 # Long enough that a coordinator restart does not expire anyone.

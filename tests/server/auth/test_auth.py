@@ -15,7 +15,7 @@ from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit_server.auth.security import Authenticator, Principal, Role
 from streamkit_server.auth.token_secret import token_secret_key
 
-from .sim import API, KEY_PREFIX, SimMember, create_group, redis_of
+from ..sim import API, KEY_PREFIX, SimMember, create_group, redis_of
 
 Factory = Callable[..., CoordinatorProcess]
 SECRET = b"streamkit-test-token-secret"  # CoordinatorProcess's default token secret

@@ -16,7 +16,7 @@ import pytest
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .sim import SimMember, create_group, meta_key, redis_of
+from ..sim import SimMember, create_group, meta_key, redis_of
 
 pytestmark = pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 

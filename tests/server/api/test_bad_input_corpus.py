@@ -25,7 +25,7 @@ from streamkit.testing import AsyncRedisClient, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit_server.api import bodies
 
-from .sim import SimMember, create_group, redis_of
+from ..sim import SimMember, create_group, redis_of
 
 PREFIX, GROUP, MEMBER = "corpus", "g", "m1"
 MAX_MEMBERS = 2

@@ -18,7 +18,7 @@ import redis.asyncio
 from streamkit.testing import RedisServer, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-from .sim import SimMember, create_group, metric, shards, stored_group
+from ..sim import SimMember, create_group, metric, shards, stored_group
 
 LEASE_S = 1.5
 REGRESSIONS = "redis_stream_coord_metadata_regression_total"
