@@ -55,7 +55,8 @@ from streamkit_server.core import (
     observe,
     steady,
 )
-from streamkit_server.errors import CoordinatorError, Rejected
+from streamkit_server.core import groups as core_groups
+from streamkit_server.errors import Rejected
 from streamkit_server.observability.metrics import Metrics
 from streamkit_server.settings import ServerSettings
 from streamkit_server.store.keys import GroupKeys
@@ -91,20 +92,12 @@ def now_ms() -> int:
 Operation: TypeAlias = Callable[[GroupMetadata | None, int], Result[R]]
 
 
-def group_not_found(keys: GroupKeys) -> CoordinatorError:
-    return CoordinatorError(
-        "GROUP_NOT_FOUND",
-        f"consumer group {keys.consumer_group!r} of stream {keys.stream_prefix!r} has no "
-        f"coordinator metadata; create it with: streamkit group create {keys.stream_prefix} "
-        f"{keys.consumer_group} (heartbeats never create or rebuild groups)",
-    )
+def group_not_found(keys: GroupKeys) -> Rejected:
+    return core_groups.group_not_found(keys.stream_prefix, keys.consumer_group)
 
 
-def group_already_exists(keys: GroupKeys) -> CoordinatorError:
-    return CoordinatorError(
-        "GROUP_ALREADY_EXISTS",
-        f"consumer group {keys.consumer_group!r} of stream {keys.stream_prefix!r} already exists",
-    )
+def group_already_exists(keys: GroupKeys) -> Rejected:
+    return core_groups.group_already_exists(keys.stream_prefix, keys.consumer_group)
 
 
 @dataclass

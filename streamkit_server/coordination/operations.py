@@ -13,19 +13,16 @@ from streamkit.protocol import (
     HeartbeatRequest,
     HeartbeatResponse,
 )
-from streamkit_server.coordination.executor import Operation, group_already_exists, group_not_found
+from streamkit_server.coordination.executor import Operation, group_not_found
 from streamkit_server.core import (
     CoordinatorConfig,
-    GroupCreated,
-    GroupDeleted,
     GroupMetadata,
     Result,
+    create_group,
+    delete_group,
     handle_heartbeat,
-    join_refusal,
-    new_group,
     tick,
 )
-from streamkit_server.errors import CoordinatorError, Rejected
 from streamkit_server.observability.metrics import Metrics
 from streamkit_server.store.keys import GroupKeys
 
@@ -48,12 +45,11 @@ def heartbeat_op(
         if group is None:
             metrics.metadata_missing.inc()
             raise group_not_found(keys)
-        refusal = join_refusal(group, member_id, request, config)
-        if refusal is not None:
-            raise Rejected("TOO_MANY_MEMBERS", refusal)
+        # The core refuses a join past the member limit (TOO_MANY_MEMBERS).
+        result = handle_heartbeat(group, member_id, request, now, config)
         if request.metadata_version > group.metadata_version:
             metrics.metadata_version_ahead.inc()
-        return handle_heartbeat(group, member_id, request, now, config)
+        return result
 
     return op
 
@@ -71,13 +67,7 @@ def tick_op(config: CoordinatorConfig) -> Operation[bool]:
 
 def create_group_op(keys: GroupKeys, layout: Sequence[int]) -> Operation[GroupMetadata]:
     def op(group: GroupMetadata | None, now: int) -> Result[GroupMetadata]:
-        if group is not None:
-            raise group_already_exists(keys)
-        fresh = new_group(keys.stream_prefix, keys.consumer_group, len(layout), now)
-        # The stream's current layout, which after an ordered reshard is not
-        # the identity new_group assumes.
-        created = fresh.model_copy(update={"layout": list(layout)})
-        return Result(created, (GroupCreated(),), created)
+        return create_group(group, keys.stream_prefix, keys.consumer_group, layout, now)
 
     return op
 
@@ -86,23 +76,6 @@ def delete_group_op(keys: GroupKeys, force: bool) -> Operation[GroupMetadata]:
     """Answers the group as it was before the deletion."""
 
     def op(group: GroupMetadata | None, now: int) -> Result[GroupMetadata]:
-        if group is None:
-            raise group_not_found(keys)
-        if group.active_migration() is not None:
-            # Its Redis consumer groups take part in the drain proof of the
-            # migration's removed shards; deleting mid-way would strand it.
-            raise CoordinatorError(
-                "ACTIVE_MIGRATION_EXISTS",
-                "the group has an active resharding migration; wait for it to finish "
-                "or roll it back, then delete",
-            )
-        live = group.live_member_ids()
-        if (live or group.owners) and not force:
-            raise CoordinatorError(
-                "GROUP_NOT_INACTIVE",
-                f"group has {len(live)} live members and {len(group.owners)} held shards; "
-                "let the members leave first, or pass force=true for recovery",
-            )
-        return Result(None, (GroupDeleted(),), group)
+        return delete_group(group, keys.stream_prefix, keys.consumer_group, force)
 
     return op

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 
 from streamkit.protocol import (
     CreateGroupRequest,
@@ -39,6 +38,13 @@ from streamkit_server.core import (
     LAYOUT_VERSION,
     SCHEMA_VERSION,
     GroupMetadata,
+)
+from streamkit_server.core.streams import (
+    create_group_layout,
+    record_with_group,
+    record_without_group,
+    refuse_existing_stream,
+    synced_record,
 )
 from streamkit_server.errors import CoordinatorError
 from streamkit_server.observability.metrics import Metrics
@@ -125,10 +131,8 @@ class CoordinatorService:
     ) -> StreamCreateResponse:
         count = request.initial_shard_count or self.settings.default_shard_count
         async with self.gate.critical(), self.stream_lock(stream_prefix):
-            if await self.store.read_stream_record(stream_prefix) is not None:
-                raise CoordinatorError(
-                    "STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists"
-                )
+            exists = await self.store.read_stream_record(stream_prefix) is not None
+            refuse_existing_stream(stream_prefix, exists)
             layout = list(range(count))
             await self._refuse_collisions(stream_prefix, layout)
             await self.provisioner.provision(stream_prefix, layout, None)
@@ -149,40 +153,16 @@ class CoordinatorService:
         async with self.gate.critical(), self.stream_lock(prefix):
             record = await read_record(self.store, prefix)
             others = await self._stream_groups(prefix, record, exclude=keys.consumer_group)
-            for other in others:
-                active = other.active_migration()
-                if active is not None:
-                    # The new group would miss the migration the others are in.
-                    raise CoordinatorError(
-                        "ACTIVE_MIGRATION_EXISTS",
-                        f"stream {prefix!r} is being resharded ({active.resharding_id}, "
-                        f"{active.state.value}); create the group once it has finished",
-                    )
-            # The groups are the source of truth for the layout; the record
-            # only matters for a stream that has none (yet).
-            current = common_layout(prefix, others)
-            if current is None and record is not None:
-                current = record.layout
-            if current is not None:
-                wanted = request.initial_shard_count
-                if wanted is not None and wanted != len(current):
-                    raise CoordinatorError(
-                        "SHARD_COUNT_MISMATCH",
-                        f"stream {prefix!r} has {len(current)} shards; initialShardCount="
-                        f"{wanted} does not match (omit it, or scale the stream)",
-                    )
-                layout = list(current)
-            else:
-                count = request.initial_shard_count or self.settings.default_shard_count
-                layout = list(range(count))
+            layout, fresh_layout = create_group_layout(
+                prefix,
+                record,
+                others,
+                request.initial_shard_count,
+                self.settings.default_shard_count,
+                ordering,
+            )
+            if fresh_layout:
                 await self._refuse_collisions(prefix, layout)
-            if record is not None and ordering is not None and ordering != record.ordering:
-                raise CoordinatorError(
-                    "ORDERING_MISMATCH",
-                    f"stream {prefix!r} has ordering={record.ordering!r}; the group cannot "
-                    f"ask for {ordering!r} (omit it; an ordering given to a scale request "
-                    "applies to that scale only)",
-                )
             if await self.store.load(keys) is not None:
                 # Checked before provisioning too, so a duplicate create does
                 # not touch Redis; the create CAS below is what decides.
@@ -190,11 +170,7 @@ class CoordinatorService:
             await self.provisioner.provision(prefix, layout, keys.consumer_group)
             # The record names the group before its metadata exists, so a
             # stream-wide change can never miss it (see streams.py).
-            fresh = StreamRecord(
-                tuple(layout),
-                record.ordering if record else ordering or "none",
-                (*(record.groups if record else ()), keys.consumer_group),
-            )
+            fresh = record_with_group(record, layout, ordering, keys.consumer_group)
             if record is None:
                 await self._write_stream_record(prefix, fresh, request.requested_by, request.reason)
             else:
@@ -210,11 +186,9 @@ class CoordinatorService:
         async with self.gate.critical(), self.stream_lock(prefix):
             snapshot = await self.executor.submit(keys, delete_group_op(keys, request.force))
             record = await read_record(self.store, prefix)
-            if record is not None and keys.consumer_group in record.groups:
-                rest = tuple(g for g in record.groups if g != keys.consumer_group)
-                await self.store.update_stream_record(
-                    prefix, replace(record, groups=rest).groups_field()
-                )
+            rest = record_without_group(record, keys.consumer_group)
+            if rest is not None:
+                await self.store.update_stream_record(prefix, rest.groups_field())
             # Under the stream lock, so a concurrent re-create of the group
             # cannot have its fresh Redis groups destroyed.
             await self.provisioner.destroy_group(
@@ -292,14 +266,13 @@ class CoordinatorService:
         The groups are the source of truth; the record is what a group created
         later starts from, so every stream-wide change ends with this.
         """
-        layout = common_layout(stream_prefix, groups.values())
-        if layout is None:
+        if common_layout(stream_prefix, groups.values()) is None:
             return
         if record is None:
             record = await read_record(self.store, stream_prefix)
-        if record is not None and record.layout == layout:
+        fresh = synced_record(stream_prefix, groups.values(), record)
+        if fresh is None:
             return
-        fresh = StreamRecord(layout, record.ordering if record is not None else "none")
         await self.store.update_stream_record(
             stream_prefix, {**fresh.layout_fields(), "updatedAt": str(now_ms())}, bump=True
         )

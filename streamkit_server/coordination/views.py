@@ -25,7 +25,7 @@ from streamkit.protocol import (
     shard_ids,
 )
 from streamkit.routing import redis_cluster_slot, stream_key
-from streamkit_server.core import GroupMetadata, MigrationRecord
+from streamkit_server.core import GroupMetadata, MigrationRecord, invariant_violations
 
 __all__ = [
     "ShardFacts",
@@ -135,43 +135,6 @@ def member_views(group: GroupMetadata, now_ms: int) -> list[MemberView]:
             )
         )
     return views
-
-
-def invariant_violations(group: GroupMetadata) -> list[str]:
-    """Checks that must hold for every stored group; empty when healthy.
-
-    "A shard held by two members" cannot be represented (``owners`` maps each
-    shard to one holder), so the checks are about holders and targets that are
-    not allowed to be there.
-    """
-    problems: list[str] = []
-    assignable = set(group.assignable_shards())
-    # A removed shard proven drained stops being assignable while its holder
-    # still has to revoke it: held, not targeted, and expected.
-    active = group.active_migration()
-    revocable = set(active.removed_shards) if active is not None else set()
-    live = set(group.live_member_ids())
-    for shard, holder in sorted(group.owners.items()):
-        member = group.members.get(holder)
-        if member is None:
-            problems.append(f"shard {shard} is held by unknown member {holder!r}")
-        elif not member.live and member.fenced_at_ms is None:
-            problems.append(f"shard {shard} is held by member {holder!r} in state {member.state}")
-        if shard not in assignable and (shard not in revocable or group.target.get(shard)):
-            problems.append(
-                f"shard {shard} is held by {holder!r} but is not assignable "
-                f"(shardCount={group.shard_count})"
-            )
-    for shard, target in sorted(group.target.items()):
-        if target not in live:
-            problems.append(f"shard {shard} targets member {target!r} which is not live")
-        if shard not in assignable:
-            problems.append(f"shard {shard} is a target of {target!r} but is not assignable")
-    if live:
-        missing = sorted(assignable - set(group.target))
-        if missing:
-            problems.append(f"shards {missing} have no target although {len(live)} members live")
-    return problems
 
 
 def assignments(group: GroupMetadata) -> AssignmentsResponse:

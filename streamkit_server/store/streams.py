@@ -21,17 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, Literal, TypeAlias
 
 from redis.exceptions import RedisError
 
-from streamkit_server.core import GroupMetadata
+from streamkit_server.core.streams import Ordering, StreamRecord, common_layout
 from streamkit_server.errors import CoordinatorError
 from streamkit_server.store.metadata import MetadataStore
 
@@ -45,56 +41,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("streamkit_server.streams")
-
-Ordering: TypeAlias = Literal["none", "key"]
-ORDERINGS: Final[tuple[Ordering, ...]] = ("none", "key")
-
-
-@dataclass(frozen=True, slots=True)
-class StreamRecord:
-    layout: tuple[int, ...]
-    ordering: Ordering = "none"
-    groups: tuple[str, ...] = ()
-
-    @property
-    def shard_count(self) -> int:
-        return len(self.layout)
-
-    @classmethod
-    def parse(cls, raw: Mapping[str, str], stream_prefix: str) -> StreamRecord:
-        """Read a record; records written before layouts existed are the identity."""
-        try:
-            count = int(raw["shardCount"])
-            layout = json.loads(raw["layout"]) if "layout" in raw else list(range(count))
-            ordering = raw.get("ordering") or "none"
-            groups = json.loads(raw.get("groups") or "[]")
-            valid = (
-                isinstance(layout, list)
-                and len(layout) == count
-                and all(isinstance(s, int) and s >= 0 for s in layout)
-                and ordering in ORDERINGS
-                and isinstance(groups, list)
-                and all(isinstance(g, str) for g in groups)
-            )
-        except (KeyError, ValueError):
-            valid = False
-        if not valid:
-            raise CoordinatorError(
-                "METADATA_CORRUPT",
-                f"stream layout record of {stream_prefix!r} is unreadable "
-                "(shardCount/layout/ordering/groups); repair it from the group metadata",
-            )
-        return cls(tuple(layout), "key" if ordering == "key" else "none", tuple(groups))
-
-    def layout_fields(self) -> dict[str, str]:
-        return {
-            "shardCount": str(self.shard_count),
-            "layout": json.dumps(list(self.layout)),
-            "ordering": self.ordering,
-        }
-
-    def groups_field(self) -> dict[str, str]:
-        return {"groups": json.dumps(sorted(set(self.groups)))}
 
 
 async def read_record(store: MetadataStore, stream_prefix: str) -> StreamRecord | None:
@@ -114,23 +60,6 @@ async def stream_group_names(
     names = set(record.groups) if record is not None else set()
     names.update(g for p, g in await store.indexed_groups() if p == stream_prefix)
     return sorted(names)
-
-
-def common_layout(stream_prefix: str, groups: Iterable[GroupMetadata]) -> tuple[int, ...] | None:
-    """The layout every group routes to (None without groups).
-
-    All groups of a stream switch together, so differing layouts mean a
-    stream-wide change was interrupted in a way the coordinator cannot repair
-    on its own; refuse rather than guess which one producers use.
-    """
-    layouts = {tuple(g.layout) for g in groups}
-    if len(layouts) > 1:
-        raise CoordinatorError(
-            "LAYOUT_DIVERGED",
-            f"the consumer groups of stream {stream_prefix!r} route to different shard "
-            f"layouts ({sorted(layouts)}); repair the group metadata before changing the stream",
-        )
-    return layouts.pop() if layouts else None
 
 
 class StreamLock:
