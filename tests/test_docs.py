@@ -33,7 +33,7 @@ import pytest
 from pydantic_core import PydanticUndefined
 
 from streamkit.protocol import HeartbeatStatus
-from streamkit_server.metrics import Metrics
+from streamkit_server.observability.metrics import Metrics
 from streamkit_server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[1]

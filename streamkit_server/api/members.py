@@ -14,8 +14,8 @@ from streamkit.protocol import (
 )
 from streamkit_server.api.bodies import HeartbeatRequest
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
-from streamkit_server.provisioning import validate_member_id
-from streamkit_server.store import GroupKeys
+from streamkit_server.store.keys import GroupKeys
+from streamkit_server.store.provisioning import validate_member_id
 
 #: The heartbeat's operationId (also the lean path's and the access matrix's key).
 OPERATION_ID = "sendConsumerHeartbeat"

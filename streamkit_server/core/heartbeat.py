@@ -7,6 +7,8 @@ does I/O or reads a clock.
 
 Rules, in the order they are applied:
 
+0. a join (memberEpoch 0) past the member limit -> ``TooManyMembers``
+   (``TOO_MANY_MEMBERS``, see ``limits.join_refusal``); nothing changes.
 1. protocol range -> UNSUPPORTED_PROTOCOL; body memberId != path -> INVALID_REQUEST.
 2. timeouts due at ``now`` are applied first (lease expiry, rebalance-timeout
    fencing, release of fenced members' shards): see ``timeouts.py``.
@@ -61,6 +63,7 @@ from streamkit.protocol import (
 from .config import CoordinatorConfig
 from .draft import Draft
 from .errors import Rejected
+from .limits import join_refusal
 from .model import GroupMetadata, MemberMetadata
 from .result import Result, WitnessSeen, result_of
 from .witness import Witness, rollback_witness
@@ -80,6 +83,13 @@ class MemberIdInUse(Rejected):
         self.holder_name = holder_name
 
 
+class TooManyMembers(Rejected):
+    """A join the group has no room for (``limits.join_refusal`` says why)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("TOO_MANY_MEMBERS", reason)
+
+
 @dataclass(frozen=True, slots=True)
 class HeartbeatOutcome:
     """What one rule decided; ``handle_heartbeat`` turns it into a ``Result``."""
@@ -96,7 +106,15 @@ def handle_heartbeat(
     now_ms: int,
     config: CoordinatorConfig,
 ) -> Result[HeartbeatResponse]:
-    """The answer to one heartbeat and the changes to write before sending it."""
+    """The answer to one heartbeat and the changes to write before sending it.
+
+    Raises ``TooManyMembers`` for a join past the member limit (checked first:
+    such a join changes nothing, whatever else it carries), ``MemberIdInUse``
+    for a join of a member id another live process holds.
+    """
+    refusal = join_refusal(group, member_id, request, config)
+    if refusal is not None:
+        raise TooManyMembers(refusal)
     if not config.min_protocol_version <= request.protocol_version <= config.max_protocol_version:
         outcome = _reject(group, request, HeartbeatStatus.UNSUPPORTED_PROTOCOL, config)
         return Result(group, (), outcome.response)

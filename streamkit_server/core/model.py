@@ -1,5 +1,5 @@
 """The coordinator's group aggregate: a group document plus one record per member
-(see ``store.py`` for how they are laid out in Redis).
+(see ``store/metadata.py`` for how they are laid out in Redis).
 
 Ownership is kept as two shard -> member maps:
 

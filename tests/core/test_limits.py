@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from streamkit_server.core import join_refusal, new_group
+import pytest
+
+from streamkit_server.core import handle_heartbeat, join_refusal, new_group
+from streamkit_server.core.errors import Rejected
 
 from .harness import CONFIG, Harness, request
 
@@ -41,3 +44,18 @@ def test_departed_member_records_are_bounded_too() -> None:
     h.advance(LIMITED.dead_member_retention_ms + 1)
     assert h.tick()
     assert join_refusal(h.group, "new", request("new", 0), LIMITED) is None
+
+
+def test_handle_heartbeat_refuses_a_join_past_the_limit_and_changes_nothing() -> None:
+    # The rule lives in the core: the simulation and the executor see it alike.
+    h = Harness(group=new_group("s", "g", 4, 0), config=LIMITED)
+    for member in ("a", "b"):
+        h.beat(member, request(member, 0))
+    before = h.group
+    with pytest.raises(Rejected) as refused:
+        handle_heartbeat(before, "c", request("c", 0), h.now, LIMITED)
+    assert refused.value.error_code == "TOO_MANY_MEMBERS"
+    assert "at most 2" in refused.value.message
+    assert h.group == before
+    # A retried join of a live member is answered as before.
+    assert handle_heartbeat(before, "a", request("a", 0), h.now, LIMITED).response is not None
