@@ -170,7 +170,8 @@ class HeartbeatPath:
         if principal is not None:  # the insecure member switch skips the limit too
             await rate_limit_member(rt, prefix, group)
         service = rt.service
-        decided = await service.heartbeat(service.keys(prefix, group), member_id, request)
+        name = None if principal is None else principal.username
+        decided = await service.heartbeat(service.keys(prefix, group), member_id, request, name)
         # ``HeartbeatAnswer`` is the response plus one last field: appended to
         # the response's JSON, the same bytes as building and dumping the
         # answer model (tests/server/api/test_heartbeat_path.py compares them).

@@ -43,11 +43,13 @@ async def heartbeat(
     memberId: str,
     body: HeartbeatRequest,
     keys: Annotated[GroupKeys, Depends(group_keys)],
-    _principal: Caller,
+    caller: Caller,
 ) -> Response:
     validate_member_id(memberId)
     service = runtime(request).service
-    decided = await service.heartbeat(keys, memberId, body)
+    # "anonymous": the insecure member switch, where no caller is known.
+    principal = None if caller.method == "none" else caller.username
+    decided = await service.heartbeat(keys, memberId, body, principal)
     response = HeartbeatAnswer.model_construct(
         **dict(decided), member_lease_ttl_ms=service.config.member_lease_ttl_ms
     )

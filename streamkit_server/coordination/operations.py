@@ -42,6 +42,7 @@ def heartbeat_op(
     config: CoordinatorConfig,
     metrics: Metrics,
     seen: list[WitnessSeen],
+    principal: str | None = None,
 ) -> Operation[HeartbeatResponse]:
     """``seen`` receives what the report claimed, when it claimed state Redis lacks."""
 
@@ -51,7 +52,7 @@ def heartbeat_op(
             metrics.metadata_missing.inc()
             raise group_not_found(keys)
         # The core refuses a join past the member limit (TOO_MANY_MEMBERS).
-        result = handle_heartbeat(group, member_id, request, now, config)
+        result = handle_heartbeat(group, member_id, request, now, config, principal)
         if request.metadata_version > group.metadata_version:
             metrics.metadata_version_ahead.inc()
         if result.witness is not None:

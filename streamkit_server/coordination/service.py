@@ -105,11 +105,16 @@ class CoordinatorService:
     # -- member API --------------------------------------------------------------
 
     async def heartbeat(
-        self, keys: GroupKeys, member_id: str, request: HeartbeatRequest
+        self,
+        keys: GroupKeys,
+        member_id: str,
+        request: HeartbeatRequest,
+        principal: str | None = None,
     ) -> HeartbeatResponse:
+        """``principal``: the caller's name (None with the insecure member switch)."""
         started = time.perf_counter()
         seen: list[WitnessSeen] = []
-        op = heartbeat_op(keys, member_id, request, self.config, self.metrics, seen)
+        op = heartbeat_op(keys, member_id, request, self.config, self.metrics, seen, principal)
         try:
             async with self.gate.critical():
                 response = await self.executor.submit(keys, op)
