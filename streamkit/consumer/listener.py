@@ -125,8 +125,9 @@ class Listener:
             try:
                 shape = inspect_handler(handler, batch)
             except HandlerSignatureError as exc:
+                name = getattr(handler, "__qualname__", None) or type(handler).__name__
                 raise ListenerConfigError(
-                    f"the handler of listener {prefix}/{consumer_group}: {exc}"
+                    f"handler {name} of listener {prefix}/{consumer_group}: {exc}"
                 ) from None
         if failure_policy is not None and not isinstance(failure_policy, FailurePolicy):
             raise ListenerConfigError(
