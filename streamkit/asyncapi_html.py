@@ -8,6 +8,7 @@ escaped.
 from __future__ import annotations
 
 import json
+import re
 from html import escape
 from typing import Any
 
@@ -36,11 +37,12 @@ def render_html(document: dict[str, Any]) -> str:
     schemas = document.get("components", {}).get("schemas", {})
     messages = document.get("components", {}).get("messages", {})
     parts = [
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        "<link rel='icon' href='data:,'>",  # no favicon request
         f"<title>{_e(info.get('title', 'AsyncAPI'))}</title><style>{_CSS}</style></head><body>",
         f"<header><h1>{_e(info.get('title', ''))} <small>{_e(info.get('version', ''))}</small>"
         f"</h1><p>AsyncAPI {_e(document.get('asyncapi', ''))} · "
-        f"{_e(info.get('description', ''))}</p></header><main>",
+        f"{_md(info.get('description', ''))}</p></header><main>",
     ]
     for name, server in document.get("servers", {}).items():
         parts.append(
@@ -80,7 +82,7 @@ def _channel(
     keys = channel.get("x-streamkit-partition-keys") or []
     html = [
         f"<section id='channel-{_e(channel_id)}'><h2>Stream <code>{_e(channel.get('title'))}"
-        f"</code></h2><p>{_e(channel.get('description', ''))}</p>",
+        f"</code></h2><p>{_md(channel.get('description', ''))}</p>",
         _table(
             [
                 ("address", channel.get("address")),
@@ -103,12 +105,12 @@ def _channel(
         ]
         html.append(
             f"<h3><span class='tag {_e(action)}'>{_e(action)}</span> {_e(operation_id)}</h3>"
-            f"<p>{_e(operation.get('summary', ''))}</p>{_table(rows)}"
+            f"<p>{_md(operation.get('summary', ''))}</p>{_table(rows)}"
         )
     for name in channel.get("messages", {}):
         message = messages.get(name, {})
         html.append(
-            f"<h3>Message <code>{_e(name)}</code></h3><p>{_e(message.get('summary', ''))} "
+            f"<h3>Message <code>{_e(name)}</code></h3><p>{_md(message.get('summary', ''))} "
             f"(<code>{_e(message.get('contentType', ''))}</code>)</p>"
             + _schema(message.get("payload", {}), schemas)
         )
@@ -164,6 +166,11 @@ def _text(value: Any) -> str:
     if isinstance(value, dict | list):
         return json.dumps(value)
     return "" if value is None else str(value)
+
+
+def _md(value: Any) -> str:
+    """Escaped text whose `backticks` become <code>: descriptions use them."""
+    return re.sub(r"`([^`<]+)`", r"<code>\1</code>", _e(value))
 
 
 def _e(value: Any) -> str:
