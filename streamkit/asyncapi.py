@@ -211,7 +211,7 @@ class _Builder:
 
     def _send(self, publisher: Publisher) -> None:
         name, channel = self._channel(publisher.stream_prefix)
-        functions = [original for original, _ in publisher.decorated] or [None]
+        functions: list[Any] = [original for original, _ in publisher.decorated] or [None]
         for function in functions:
             payload_type = None if function is None else result_type(function)
             if function is not None and publisher.as_fields:
