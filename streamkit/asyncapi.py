@@ -57,12 +57,13 @@ class _Builder:
         # (payload type or None, field) -> message name, so each type is one message.
         self._message_names: dict[tuple[Any, str], str] = {}
         self._types: list[Any] = []
+        self._shards = {d.stream_prefix: d.shards for d in app.declared_streams()}
         # Schemas other types refer to (a dataclass inside a TypedDict, ...).
         self._nested: dict[str, Any] = {}
 
     def build(self, title: str, version: str) -> dict[str, Any]:
         app = self.app
-        for prefix in app._streams:
+        for prefix in self._shards:
             self._channel(prefix)
         for listener in app.listeners:
             self._receive(listener)
@@ -102,7 +103,7 @@ class _Builder:
         name = _safe(prefix)
         channel = self.channels.get(name)
         if channel is None:
-            shards = self.app._streams.get(prefix, (None, ()))[0]
+            shards = self._shards.get(prefix)
             count = (
                 f"{shards} shards, `{prefix}:0` to `{prefix}:{shards - 1}`"
                 if shards is not None
