@@ -9,6 +9,7 @@ Spring Kafka creates its ``NewTopic`` beans at start-up; see
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,6 +27,7 @@ from streamkit.consumer.listener import (
     _check_name,
 )
 from streamkit.middleware import Middleware
+from streamkit.publisher.encoding import PAYLOAD_FIELD, PartitionKey
 from streamkit.publisher.publisher import Publisher
 
 if TYPE_CHECKING:
@@ -246,29 +248,44 @@ class AppDeclarations:
 
     def publisher(
         self,
-        *,
         stream_prefix: str,
+        *,
         group: str,
+        key: Callable[[Any], PartitionKey] | None = None,
+        field: str = PAYLOAD_FIELD,
+        as_fields: bool = False,
         maxlen: int | None = None,
         provide_as: str | None = None,
     ) -> Publisher:
         """A ``Publisher`` sharing this app's coordinator and Redis clients.
 
-        Nothing connects now; ``start()`` (or ``serve()``) checks its routing.
-        With ``provide_as`` the publisher is also registered on the container
+        With ``key`` it is also a decorator: ``@app.publisher("invoices",
+        group="billing", key=lambda inv: inv.customer_id)`` on a listener (above
+        or below ``@app.stream_listener``) or on any async function publishes
+        what the function returns (a model, a dict, a list of them; ``None``
+        for nothing) under ``key(item)``, before the listener acks the entry.
+        The return annotation is the published payload's schema.  Nothing
+        connects now; ``start()`` (or ``serve()``) checks its routing.  With
+        ``provide_as`` the publisher is also registered on the container
         (overriding a provider of that name if the container declares one), so
         handlers can receive it with ``Provide["name"]`` / ``Provide[Container.name]``.
         """
+        if key is not None and not callable(key):
+            raise ListenerConfigError(f"key must be a function of the published item, got {key!r}")
         publisher = Publisher(
-            stream_prefix,
-            group,
+            _check_name("stream_prefix", stream_prefix),
+            _check_name("group", group),
             settings=self.settings,
             coordinator=self.coordinator,
             redis=self.redis,
             maxlen=maxlen,
             middlewares=self.middlewares,
             trace_context_field=self.settings.trace_context_field or None,
+            key=key,
+            field=field,
+            as_fields=as_fields,
         )
+        publisher.on_decorate = self._rebind
         self._publishers.append(publisher)
         if provide_as:
             existing = self.container.providers.get(provide_as)
@@ -277,6 +294,13 @@ class AppDeclarations:
             else:
                 setattr(self.container, provide_as, providers.Object(publisher))
         return publisher
+
+    def _rebind(self, function: Callable[..., Any], wrapper: Callable[..., Any]) -> None:
+        """``@publisher`` above ``@stream_listener``: the listener calls the wrapper."""
+        for index, listener in enumerate(self._listeners):
+            if listener.handler is function:
+                listener.check_publishes()
+                self._listeners[index] = dataclasses.replace(listener, handler=wrapper)
 
     def add_middleware(self, middleware: Middleware) -> None:
         """Append ``middleware`` (innermost so far) to every listener and publisher."""

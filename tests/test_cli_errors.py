@@ -73,7 +73,7 @@ CASES = [
     Case(
         "listener cannot fill a handler parameter",
         ["run", "badhandler:app"],
-        ["badhandler.py:6:", "the handler of listener orders/billing", "pydantic model"],
+        ["badhandler.py:6:", "handler handle of listener orders/billing", "typed payload"],
     ),
     Case("handler is not callable", ["run", "notcallable:app"], ["notcallable.py:4:", "callable"]),
     Case(

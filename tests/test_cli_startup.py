@@ -77,6 +77,7 @@ def heavy(modules: set[str]) -> list[str]:
         ["status", "--help"],
         ["publish", "--help"],
         ["demo", "--help"],
+        ["docs", "--help"],
         ["stream", "--help"],
         ["stream", "create", "--help"],
         ["group", "list", "--help"],

@@ -163,3 +163,42 @@ def test_the_docs_pytest_ini_says_the_same() -> None:
     ini = configparser.ConfigParser()
     ini.read_string(blocks["ini"])
     assert dict(ini["pytest"]) == {k: str(v) for k, v in toml.items()}
+
+
+async def test_send_waits_for_the_ack_or_the_dead_letter_with_ms_backoff(
+    streamkit_harness: StreamKitHarness,
+) -> None:
+    harness = streamkit_harness
+    app = harness.app()  # TEST_SETTINGS: retries after 1..20 ms, 5 attempts
+    attempts: list[int] = []
+
+    async def handle(payload: dict[str, int], msg: Message) -> None:
+        attempts.append(msg.attempt)
+        if payload["n"] < 0:
+            raise ValueError("negative")
+        await msg.ack()  # it takes the Message: it acks
+
+    harness.listen(app, handle)
+    async with harness.running(app):
+        ok = await harness.send("k", {"payload": '{"n": 1}'})
+        bad = await harness.send("k", {"payload": '{"n": -1}'}, within=5)
+    assert not ok.dead_lettered and ok.error is None
+    assert bad.dead_lettered and bad.error == "ValueError: negative"
+    assert bad.dead_letter is not None and bad.dead_letter["x-original-id"] == bad.result.record_id
+    assert attempts == [1, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.long  # about 20-40 s on a shared 2-core machine: python bench/app_tests.py
+def test_the_example_suite_passes_without_warnings() -> None:
+    suite = Path(__file__).resolve().parents[1] / "samples" / "app_tests"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMKIT_", "PYTEST_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error"],
+        cwd=suite,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "20 passed" in result.stdout, result.stdout

@@ -11,6 +11,7 @@ import typer
 
 from streamkit.cli import admin, dev, dlq, publish, status
 from streamkit.cli import demo as demo_command
+from streamkit.cli import docs as docs_command
 from streamkit.cli import run as run_command
 from streamkit.cli.common import debug_enabled
 
@@ -62,6 +63,7 @@ cli.command()(dev.dev)
 cli.command()(status.status)
 cli.command()(publish.publish)
 cli.command()(demo_command.demo)
+cli.command()(docs_command.docs)
 cli.add_typer(admin.stream)
 cli.add_typer(admin.group)
 cli.add_typer(dlq.dlq)

@@ -24,6 +24,7 @@ from streamkit.consumer.handlers import (
 from streamkit.consumer.lifecycle import ShardLifecycle
 from streamkit.consumer.options import PollerOptions
 from streamkit.errors import StreamkitError
+from streamkit.publisher.decorator import PUBLISHED_BY
 
 __all__ = ["Listener", "ListenerConfigError", "MessageHandler"]
 
@@ -40,6 +41,12 @@ DEFAULT_BATCH_SIZE: Final = 100
 DEFAULT_BLOCK_MS: Final = 2_000
 #: Default in-flight budget of a member, in batches.
 IN_FLIGHT_BATCHES: Final = 4
+
+
+_ACKS_BEFORE_PUBLISHING: Final = (
+    "listener {}: auto_ack=False with a @publisher would let the handler ack an entry "
+    "before its result is published; drop auto_ack=False so it is acked after publishing"
+)
 
 
 class ListenerConfigError(StreamkitError, ValueError):
@@ -125,8 +132,9 @@ class Listener:
             try:
                 shape = inspect_handler(handler, batch)
             except HandlerSignatureError as exc:
+                name = getattr(handler, "__qualname__", None) or type(handler).__name__
                 raise ListenerConfigError(
-                    f"the handler of listener {prefix}/{consumer_group}: {exc}"
+                    f"handler {name} of listener {prefix}/{consumer_group}: {exc}"
                 ) from None
         if failure_policy is not None and not isinstance(failure_policy, FailurePolicy):
             raise ListenerConfigError(
@@ -136,10 +144,16 @@ class Listener:
             raise ListenerConfigError(
                 f"payload_field must be a non-empty string, got {payload_field!r}"
             )
+        publishes = bool(getattr(handler, PUBLISHED_BY, ()))
         if auto_ack is None:
             # A handler that never sees its messages cannot ack them; a batch
-            # handler acks what it did not settle or fail.
-            auto_ack = shape is not None and (shape.batch or not shape.receives_messages)
+            # handler acks what it did not settle or fail; one whose result is
+            # published is acked once that was published.
+            auto_ack = shape is not None and (
+                shape.batch or not shape.receives_messages or publishes
+            )
+        elif not auto_ack and publishes:
+            raise ListenerConfigError(_ACKS_BEFORE_PUBLISHING.format(f"{prefix}/{consumer_group}"))
         elif not auto_ack and shape is not None and not shape.receives_messages:
             raise ListenerConfigError(
                 f"listener {prefix}/{consumer_group}: auto_ack=False, but the handler does not "
@@ -179,6 +193,13 @@ class Listener:
             failure_policy=failure_policy,
             payload_field=payload_field,
         )
+
+    def check_publishes(self) -> None:
+        """Refuse a ``@publisher`` on a handler that acks by itself (``auto_ack=False``)."""
+        if self.handler is not None and not self.options.auto_ack:
+            raise ListenerConfigError(
+                _ACKS_BEFORE_PUBLISHING.format(self.stream_prefix + "/" + self.consumer_group)
+            )
 
     @property
     def key(self) -> tuple[str, str]:

@@ -25,7 +25,7 @@ from streamkit.connections import AsyncRedis, connect_redis, send_command, send_
 from streamkit.coordinator_client import CoordinatorClient
 from streamkit.middleware import Middleware, PublishContext, PublishManyContext, chain
 from streamkit.publisher.coalescer import CommandCoalescer
-from streamkit.publisher.decorator import publish_result
+from streamkit.publisher.decorator import publish_result, publishes
 from streamkit.publisher.encoding import (
     PAYLOAD_FIELD,
     Fields,
@@ -128,6 +128,9 @@ class Publisher:
         trace_context_field: str | None = "traceparent",
         coalesce: bool = True,
         coalesce_window: float = 0.0,
+        key: Callable[[Any], PartitionKey] | None = None,
+        field: str = PAYLOAD_FIELD,
+        as_fields: bool = False,
     ) -> None:
         if maxlen is not None and maxlen < 0:
             raise ValueError(f"maxlen must be >= 0, got {maxlen}")
@@ -178,6 +181,25 @@ class Publisher:
         self.middlewares = middlewares
         self.published = 0
         self.retries = 0
+        #: ``@publisher`` (``__call__``): how a returned item is keyed and written.
+        self.key, self.field, self.as_fields = key, field, as_fields
+        #: The functions ``@publisher`` decorated (original, wrapper), in order.
+        self.decorated: list[tuple[Callable[..., Any], Callable[..., Any]]] = []
+        #: Told of each decoration (an app rebinds a listener registered before it).
+        self.on_decorate: Callable[[Callable[..., Any], Callable[..., Any]], None] | None = None
+
+    def __call__(self, function: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        """``@publisher``: publish what ``function`` returns (``streamkit.publisher.decorator``)."""
+        if self.key is None:
+            raise TypeError(
+                f"publisher {self._router.cache.name} has no key: give key=lambda item: ... "
+                "to app.publisher(...) (or Publisher(...)) to use it as a decorator"
+            )
+        wrapper = publishes(self, self.key, field=self.field, as_fields=self.as_fields)(function)
+        self.decorated.append((function, wrapper))
+        if self.on_decorate is not None:
+            self.on_decorate(function, wrapper)
+        return wrapper
 
     # -- lifecycle -------------------------------------------------------------------
 

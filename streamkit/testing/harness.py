@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -29,7 +30,29 @@ from streamkit.testing import RedisTarget, redis_client
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit.testing.members import crash_member, restart_member
 
-__all__ = ["StreamKitHarness"]
+__all__ = ["TEST_SETTINGS", "Handled", "StreamKitHarness"]
+
+#: What ``harness.app()`` sets unless the test overrides it: a failed handler is
+#: retried after 1 ms (then up to 20 ms), not after the production 200 ms..30 s.
+TEST_SETTINGS: dict[str, Any] = {"retry_backoff_ms": 1, "retry_backoff_max_ms": 20}
+
+
+@dataclass(frozen=True, slots=True)
+class Handled:
+    """What became of one entry ``send`` published: acked, or dead-lettered."""
+
+    result: PublishResult
+    #: The dead-letter entry (decoded), or None when the entry was acked.
+    dead_letter: dict[str, str] | None
+
+    @property
+    def dead_lettered(self) -> bool:
+        return self.dead_letter is not None
+
+    @property
+    def error(self) -> str | None:
+        """The dead letter's ``x-error`` (None when acked)."""
+        return None if self.dead_letter is None else self.dead_letter.get("x-error")
 
 
 class StreamKitHarness:
@@ -51,6 +74,7 @@ class StreamKitHarness:
         self.shards = shards
         self._created = False
         self._publisher: Publisher | None = None
+        self._redis: Any = None
         self._apps: list[StreamKit] = []
 
     # -- set-up --------------------------------------------------------------
@@ -81,8 +105,13 @@ class StreamKitHarness:
         self._created = True
 
     def app(self, **overrides: Any) -> StreamKit:
-        """A ``StreamKit`` app on the session's Redis and coordinator."""
-        return StreamKit(**{**self.settings, **overrides})
+        """A ``StreamKit`` app on the session's Redis and coordinator, retrying
+        failed handlers after milliseconds (``TEST_SETTINGS``; override them here)."""
+        return StreamKit(**{**self.settings, **TEST_SETTINGS, **overrides})
+
+    def listen(self, app: StreamKit, handler: Callable[..., Any], **options: Any) -> None:
+        """Register ``handler`` on this test's stream and group (``stream_listener`` options)."""
+        app.stream_listener(stream_prefix=self.stream_prefix, group=self.group, **options)(handler)
 
     # -- running -------------------------------------------------------------
 
@@ -143,17 +172,55 @@ class StreamKitHarness:
             )
         return await self._publisher.publish(partition_key, fields)
 
+    async def send(self, partition_key: str | bytes, fields: Any, within: float = 10.0) -> Handled:
+        """Publish one entry and wait until the running app handled it: acked, or
+        dead-lettered after its retries.  No sleeps in the test, no ``drain``."""
+        result = await self.publish(partition_key, fields)
+        redis = self._client()
+        deadline = time.monotonic() + within
+        # Polled: the ack is a Redis state another task sends in a batch; a
+        # dead letter's XADD goes before its XACK, so "acked" covers both.
+        while not await self._settled(redis, result):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"entry {result.record_id} of {result.stream_key} was not handled "
+                    f"within {within:g} s (is the app running, `async with harness.running(app)`? "
+                    "does a handler that takes the Message ack it?)"
+                )
+            await anyio.sleep(0.002)
+        letter = next(
+            (x for x in await self.dead_letters() if x.get("x-original-id") == result.record_id),
+            None,
+        )
+        return Handled(result, letter)
+
+    async def _settled(self, redis: Any, result: PublishResult) -> bool:
+        key, entry = result.stream_key, result.record_id
+        if await redis.xpending_range(key, self.group, min=entry, max=entry, count=1):
+            return False
+        groups = await redis.xinfo_groups(key)
+        info = next((g for g in groups if _text(g["name"]) == self.group), None)
+        return info is not None and _id(_text(info["last-delivered-id"])) >= _id(entry)
+
     async def drain(self, within: float = 10.0) -> None:
         """Wait until every entry of every shard was delivered and acked (or dead-lettered)."""
-        redis = redis_client(RedisTarget(self.redis_url, cluster=False))
+        redis = self._client()
         deadline = time.monotonic() + within
-        try:
-            while not await self._drained(redis):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.stream_prefix}/{self.group} not drained")
-                await anyio.sleep(0.01)
-        finally:
-            await redis.aclose()
+        while not await self._drained(redis):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.stream_prefix}/{self.group} not drained")
+            await anyio.sleep(0.005)
+
+    @property
+    def redis(self) -> Any:
+        """A Redis client of this test (on the session's server), to inspect streams."""
+        return self._client()
+
+    def _client(self) -> Any:
+        # One client per test, made in its event loop on first use.
+        if self._redis is None:
+            self._redis = redis_client(RedisTarget(self.redis_url, cluster=False))
+        return self._redis
 
     async def _drained(self, redis: Any) -> bool:
         for shard in range(self.shards):
@@ -170,17 +237,20 @@ class StreamKitHarness:
 
     async def dead_letters(self) -> list[dict[str, str]]:
         """The group's dead-letter entries (decoded), oldest first."""
-        redis = redis_client(RedisTarget(self.redis_url, cluster=False))
-        try:
-            key = dead_letter_key(self.stream_prefix, self.group)
-            entries: Any = await redis.xrange(key)
-        finally:
-            await redis.aclose()
+        key = dead_letter_key(self.stream_prefix, self.group)
+        entries: Any = await self._client().xrange(key)
         return [{_text(k): _text(v) for k, v in fields.items()} for _, fields in entries]
 
     async def aclose(self) -> None:
         if self._publisher is not None:
             await self._publisher.aclose()
+        if self._redis is not None:
+            await self._redis.aclose()
+
+
+def _id(entry: str) -> tuple[int, int]:
+    ms, _, seq = entry.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _text(value: Any) -> str:

@@ -8,7 +8,15 @@ Fixtures, all on real parts (no fakes):
 * ``streamkit_harness``: per test, a fresh stream prefix and group (2 shards;
   ``@pytest.mark.streamkit(shards=N, group="name")`` to change) and a
   :class:`~streamkit.testing.harness.StreamKitHarness` to run apps in the
-  test's event loop, publish, ``await harness.drain()`` and read dead letters.
+  test's event loop, publish, ``await harness.send(key, fields)`` (publish and
+  wait until handled or dead-lettered), ``await harness.drain()`` and read
+  dead letters.  Its apps retry failed handlers after milliseconds.
+
+Under pytest-xdist every worker is a session of its own: one redis-server and
+one coordinator per worker.  When the project leaves pytest-asyncio's
+``asyncio_default_fixture_loop_scope`` unset, the plugin sets it to
+``function`` (pytest-asyncio's future default), so no deprecation warning is
+printed; a project's own setting always wins.
 
 Every name starts with ``streamkit_`` so the plugin never shadows a
 project's own ``redis``/``coordinator`` fixtures.
@@ -28,10 +36,22 @@ from streamkit.testing.redis_server import RedisServer
 __all__ = ["streamkit_coordinator", "streamkit_harness", "streamkit_redis"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-asyncio reads (and warns about) it
 def pytest_configure(config: pytest.Config) -> None:
+    _default_ini(config, "asyncio_default_fixture_loop_scope", "function")
     config.addinivalue_line(
         "markers", "streamkit(shards=2, group='app'): the streamkit_harness group's shape"
     )
+
+
+def _default_ini(config: pytest.Config, name: str, value: str) -> None:
+    try:
+        current = config.getini(name)
+    except ValueError:  # pytest-asyncio is not installed: nothing to set
+        return
+    if not current and isinstance(getattr(config, "_inicache", None), dict):
+        # pytest has no public setter for an ini value; getini reads this cache.
+        config._inicache[name] = value
 
 
 @pytest.fixture(scope="session")

@@ -147,7 +147,7 @@ async def message_second(msg: Message, other: Message) -> None: ...
     ("handler", "options", "match"),
     [
         (too_many, {}, "cannot fill: other"),
-        (message_second, {}, "only filled when the first is a pydantic model"),
+        (message_second, {}, "only filled when the first is a typed payload"),
         (batch_of_messages, {"batch": False}, "batch=False"),
         (plain, {"batch": True}, "list"),
         (typed, {"auto_ack": False}, "nothing could ever ack them"),

@@ -82,8 +82,7 @@ async def test_typed_handler_with_di_and_an_invalid_payload(
     bad = dead[invalid.record_id]
     # Not retried: a validation error cannot go away.
     assert bad["x-attempts"] == "1"
-    assert bad["x-error"].startswith("PayloadError: invalid Order payload: 1 validation error")
-    assert "amount" in bad["x-error"]
+    assert bad["x-error"].startswith("PayloadError: invalid Order payload: amount: Input should")
     assert bad["payload"] == '{"order_id":"o-3","amount":"many"}'
     assert "has no field 'payload'" in dead[no_field.record_id]["x-error"]
     assert int((await redis.xpending(f"{prefix}:0", group))["pending"]) == 0

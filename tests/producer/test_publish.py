@@ -169,22 +169,26 @@ async def test_maxlen_trims_approximately(stack: Stack) -> None:
     assert 50 <= length <= 250
 
 
-async def test_publish_result_decorator(stack: Stack) -> None:
+async def test_publisher_as_a_decorator_of_a_plain_function(stack: Stack) -> None:
     await stack.create_group(4)
     pub = stack.publisher()
+    pub.key = lambda order: order.order_id
 
-    @publish_result(pub, key=lambda order: order.order_id)
+    @pub
     async def handle(order_id: str, amount: float | None) -> Order | None:
         return None if amount is None else Order(order_id=order_id, amount=amount)
 
-    @publish_result(pub, key=lambda fields: str(fields["id"]), as_fields=True)
-    async def as_fields(i: int) -> dict[str, str | int]:
-        return {"id": f"x{i}", "n": i}
+    with pytest.warns(DeprecationWarning, match="publish_result is deprecated"):
+        decorate = publish_result(pub, key=lambda fields: str(fields["id"]), as_fields=True)
+
+    @decorate
+    async def as_fields(i: int) -> list[dict[str, str | int]]:
+        return [{"id": f"x{i}", "n": i}, {"id": "y", "n": 0}]
 
     assert await handle("o-9", 3.0) == Order(order_id="o-9", amount=3.0)
     assert await handle("o-9", None) is None  # nothing to publish
-    assert await as_fields(7) == {"id": "x7", "n": 7}
-    assert pub.published == 2
+    assert await as_fields(7) == [{"id": "x7", "n": 7}, {"id": "y", "n": 0}]
+    assert pub.published == 3
     ((_, data),) = await stack.redis.xrange(stack.key(shard_for_key("o-9", 4)))
     assert json.loads(data[b"payload"]) == {"order_id": "o-9", "amount": 3.0}
     ((_, data),) = await stack.redis.xrange(stack.key(shard_for_key("x7", 4)))
