@@ -29,6 +29,7 @@ from typing import Any, Final
 from redis.exceptions import NoScriptError, ResponseError
 
 from streamkit.connections import AsyncRedis
+from streamkit.routing import redis_cluster_slot
 
 __all__ = [
     "COMMIT",
@@ -42,14 +43,18 @@ __all__ = [
 
 
 def slot_key(shard_key: str, suffix: str) -> str:
-    """A key in the same cluster slot as ``shard_key``: ``{shard_key}:suffix``.
+    """A key in the same cluster slot as ``shard_key``.
 
-    Stream prefixes may not contain braces, so a shard key has no hash tag of
-    its own and the whole of it becomes the tag.
+    ``{shard_key}:suffix`` for a key without a hash tag (streamkit's shard
+    keys: stream prefixes may not contain braces), ``shard_key:suffix`` for
+    one with a tag (it keeps the tag).
     """
-    if "{" in shard_key or "}" in shard_key:
-        raise ValueError(f"shard key {shard_key!r} must not contain braces")
-    return f"{{{shard_key}}}:{suffix}"
+    tag_start = shard_key.find("{")
+    tagged = tag_start >= 0 and shard_key.find("}", tag_start + 1) > tag_start + 1
+    key = f"{shard_key}:{suffix}" if tagged else f"{{{shard_key}}}:{suffix}"
+    if redis_cluster_slot(key) != redis_cluster_slot(shard_key):
+        raise ValueError(f"no key in the slot of {shard_key!r} can be derived from it")
+    return key
 
 
 class Script:

@@ -13,7 +13,10 @@ Each command is encoded in one place:
 * the dead letter's ``XADD`` (:meth:`ShardIO.dead_letter_command`);
 * the settling of acked, ack-deleted and dead-lettered entries
   (:meth:`ShardIO.settle`), which is where ``XACKDEL`` (Redis 8.2+) or
-  ``XACK`` + ``XDEL`` in one ``MULTI`` is chosen.
+  ``XACK`` + ``XDEL`` in one ``MULTI`` is chosen;
+* an idempotent listener's fencing token, marker check and commits
+  (:meth:`ShardIO.take_fence`, :meth:`ShardIO.marked`, :meth:`ShardIO.commit`;
+  ``streamkit.consumer.idempotence``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import redis.asyncio as redis_asyncio
 from redis.exceptions import RedisError, ResponseError
 
 from streamkit.connections import AsyncRedis, send_commands
+from streamkit.consumer.idempotence import Commit, Idempotence, fence_key, marker_key
+from streamkit.redis_health import describe_error
+from streamkit.scripts import COMMIT, is_noscript
 
 __all__ = [
     "END_OF_PEL",
@@ -139,6 +145,92 @@ class ShardIO:
         self._dead_letter_head = ("XADD", dead_letter_key, "MAXLEN", "~", dead_letter_maxlen, "*")
         #: Redis Cluster: a dead letter and its shard are in different slots.
         self.cluster = isinstance(redis, redis_asyncio.RedisCluster)
+        self.marker_key = marker_key(stream_key, consumer_group)
+        self.fence_key = fence_key(stream_key, consumer_group)
+
+    def log_read_error(self, exc: BaseException, failures: int, address: str) -> None:
+        """Log the 1st, 10th, 20th ... failure in a row of this shard's reads."""
+        if failures != 1 and failures % 10:
+            return
+        if isinstance(exc, ResponseError) and str(exc).startswith("NOGROUP"):
+            # Never recreated here: the coordinator provisions streams and
+            # groups together, so a stream without its group was deleted on
+            # purpose (and MKSTREAM would resurrect a retired shard).
+            log.error(
+                "%s: consumer group %r is missing on %s (failure %d); retrying with backoff. "
+                "Re-provision the group through the coordinator.",
+                self.member_id,
+                self.consumer_group,
+                self.stream_key,
+                failures,
+            )
+        else:
+            log.warning(
+                "%s: reading %s from Redis at %s failed (failure %d): %s",
+                self.member_id,
+                self.stream_key,
+                address,
+                failures,
+                describe_error(exc),
+            )
+
+    # -- idempotent listeners ------------------------------------------------------
+
+    async def take_fence(self) -> bytes:
+        """Become the shard's newest reader: the commits of earlier ones fail."""
+        return str(await self.redis.incr(self.fence_key)).encode()
+
+    async def marked(self, ids: Sequence[bytes]) -> list[bool]:
+        """Whether each idempotency id has a marker (``ZMSCORE``, one round trip)."""
+        scores = await self.redis.execute_command("ZMSCORE", self.marker_key, *ids)
+        return [score is not None for score in scores]
+
+    def commit_command(
+        self, commit: Commit, token: bytes, idempotence: Idempotence
+    ) -> tuple[Any, ...]:
+        keys: list[str] = [self.stream_key, self.marker_key, self.fence_key]
+        index: dict[str, int] = {}
+        ops: list[Any] = []
+        for command, key, args in commit.effects:
+            if key not in index:
+                keys.append(key)
+                index[key] = len(keys)  # Lua counts from 1
+            ops += [command, index[key], len(args), *args]
+        return COMMIT.command(
+            keys,
+            [
+                self.consumer_group,
+                commit.entry_id,
+                commit.idempotency_id,
+                token,
+                int(idempotence.marker_ttl * 1000),
+                idempotence.max_markers,
+                "del" if commit.delete else "ack",
+                len(commit.effects),
+                *ops,
+            ],
+        )
+
+    async def commit(
+        self, commits: Sequence[Commit], token: bytes, idempotence: Idempotence
+    ) -> list[Any]:
+        """Send each commit's script, in one round trip (each is atomic by itself).
+
+        One reply per commit: 1 (committed), 0 (its marker existed: acked,
+        effects skipped) or the error (``is_fenced``: nothing was written).
+        A lost script cache (restart, failover) is loaded and the commits
+        that met it sent again.
+        """
+        commands = [self.commit_command(c, token, idempotence) for c in commits]
+        replies = await send_commands(self.redis, commands)
+        again = [i for i, reply in enumerate(replies) if is_noscript(reply)]
+        if again:
+            await self.redis.script_load(COMMIT.source)
+            for i, reply in zip(
+                again, await send_commands(self.redis, [commands[i] for i in again]), strict=True
+            ):
+                replies[i] = reply
+        return replies
 
     # -- reads -------------------------------------------------------------------
 
