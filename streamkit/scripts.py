@@ -167,17 +167,23 @@ local types = {HINCRBY='hash', HINCRBYFLOAT='hash', HSET='hash', HDEL='hash',
   ZADD='zset', ZINCRBY='zset', ZREM='zset', XADD='stream', RPUSH='list', LPUSH='list',
   PEXPIRE=''}
 local effects = {}
+-- The type each key will have once the effects before it ran: an earlier
+-- effect of the same commit may create the key (or delete it).
+local planned = {}
 local i = 9
 for n = 1, tonumber(ARGV[8]) do
   local cmd, key, argc = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
   local want = types[cmd]
   if want == nil then return redis.error_reply('ERR effect command not allowed: ' .. cmd) end
-  if want ~= '' then
-    local have = redis.call('TYPE', key)['ok']
+  if cmd == 'DEL' then
+    planned[key] = 'none'
+  elseif want ~= '' then
+    local have = planned[key] or redis.call('TYPE', key)['ok']
     if have ~= 'none' and have ~= want then
       return redis.error_reply('WRONGTYPE effect ' .. cmd .. ' on ' .. key .. ', a ' .. have ..
                                '; nothing committed')
     end
+    planned[key] = want
   end
   local call = {cmd, key}
   for j = 1, argc do call[j + 2] = ARGV[i + 2 + j] end
