@@ -297,7 +297,10 @@ class Publisher(PublisherViews):
         return result
 
     async def publish_many(
-        self, items: Iterable[tuple[PartitionKey, Fields]]
+        self,
+        items: Iterable[tuple[PartitionKey, Fields]],
+        *,
+        idempotency_ids: Sequence[str] | None = None,
     ) -> list[PublishResult]:
         """Publish many messages with one pipelined round trip per batch.
 
@@ -310,22 +313,33 @@ class Publisher(PublisherViews):
 
         If only some messages could be published, raises
         :class:`PublishBatchError` with the per-message outcome; if none was,
-        raises the error itself.
+        raises the error itself.  ``idempotency_ids`` (one per message) makes
+        every message an idempotent publish, as ``publish(idempotency_id=...)``.
         """
         if not self.middlewares:
-            return await self._publish_many(items)
+            return await self._publish_many(items, idempotency_ids)
         ctx = PublishManyContext(list(items), self.stream_prefix, self.consumer_group)
         return await chain(
-            self.middlewares, "publish_many", ctx, lambda: self._publish_many(ctx.items)
+            self.middlewares,
+            "publish_many",
+            ctx,
+            lambda: self._publish_many(ctx.items, idempotency_ids),
         )
 
     async def _publish_many(
-        self, items: Iterable[tuple[PartitionKey, Fields]]
+        self,
+        items: Iterable[tuple[PartitionKey, Fields]],
+        idempotency_ids: Sequence[str] | None = None,
     ) -> list[PublishResult]:
         entries = [(key, field_args_at(i, fields)) for i, (key, fields) in enumerate(items)]
         ids: Ids | None = None
-        if self.idempotence is not None:
-            drawn = [self._id_of(None) for _ in entries]
+        if idempotency_ids is not None and len(idempotency_ids) != len(entries):
+            raise ValueError(
+                f"idempotency_ids: {len(idempotency_ids)} ids for {len(entries)} messages"
+            )
+        if self.idempotence is not None or idempotency_ids is not None:
+            given = idempotency_ids or [None] * len(entries)
+            drawn = [self._id_of(idem) for idem in given]
             entries = [
                 (key, [IDEMPOTENCY_FIELD, idem[0], *args])
                 for (key, args), idem in zip(entries, drawn, strict=True)
