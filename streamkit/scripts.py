@@ -140,61 +140,82 @@ return {id, 0}
 )
 
 # KEYS: stream, markers (sorted set: idempotency id by ms), fence, effect keys...
-# ARGV: group, entry id, idempotency id, fence token ('' = unchecked),
-#       marker ttl ms, max markers, 'ack' | 'del', effect count, then per
-#       effect: command, index of its key in KEYS, argument count, arguments...
-# Returns 1 (committed), 0 (marker existed: acked, effects skipped), or the
-# FENCED error (nothing written).  A wrong key type is an error before any write.
+# ARGV: group, fence token ('' = unchecked), marker ttl ms, max markers,
+#       commit count, then per commit: entry id, idempotency id, 'ack' | 'del',
+#       effect count, then per effect: command, index of its key in KEYS,
+#       argument count, arguments...
+# Returns one reply per commit: 1 (committed), 0 (its marker existed: acked,
+# effects skipped) or a refusal message (an effect on a key of another type:
+# nothing of that commit written); or the FENCED error, nothing written at all.
+# The acks go last, in one XACK: a commit is its effects and its marker, and a
+# lost ack only means a redelivery that the marker answers.
 COMMIT: Final = Script(
     "commit",
     """
-if ARGV[4] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[4] then
+if ARGV[2] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[2] then
   return redis.error_reply('STREAMKIT_FENCED shard fencing token moved on; nothing committed')
-end
-local function settle()
-  redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-  if ARGV[7] == 'del' then redis.call('XDEL', KEYS[1], ARGV[2]) end
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[5]))
-if redis.call('ZSCORE', KEYS[2], ARGV[3]) then
-  settle()
-  return 0
-end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]))
 local types = {HINCRBY='hash', HINCRBYFLOAT='hash', HSET='hash', HDEL='hash',
   INCRBY='string', INCRBYFLOAT='string', SET='string', DEL='', SADD='set', SREM='set',
   ZADD='zset', ZINCRBY='zset', ZREM='zset', XADD='stream', RPUSH='list', LPUSH='list',
   PEXPIRE=''}
-local effects = {}
--- The type each key will have once the effects before it ran: an earlier
--- effect of the same commit may create the key (or delete it).
-local planned = {}
-local i = 9
-for n = 1, tonumber(ARGV[8]) do
-  local cmd, key, argc = ARGV[i], KEYS[tonumber(ARGV[i + 1])], tonumber(ARGV[i + 2])
-  local want = types[cmd]
-  if want == nil then return redis.error_reply('ERR effect command not allowed: ' .. cmd) end
-  if cmd == 'DEL' then
-    planned[key] = 'none'
-  elseif want ~= '' then
-    local have = planned[key] or redis.call('TYPE', key)['ok']
-    if have ~= 'none' and have ~= want then
-      return redis.error_reply('WRONGTYPE effect ' .. cmd .. ' on ' .. key .. ', a ' .. have ..
-                               '; nothing committed')
-    end
-    planned[key] = want
+local replies, acks, dels = {}, {}, {}
+local i = 6
+for c = 1, tonumber(ARGV[5]) do
+  local entry, idem, how, count = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
+  i = i + 4
+  local effects, refused = {}, nil
+  for n = 1, count do
+    local argc = tonumber(ARGV[i + 2])
+    local call = {ARGV[i], KEYS[tonumber(ARGV[i + 1])]}
+    for j = 1, argc do call[j + 2] = ARGV[i + 2 + j] end
+    effects[n] = call
+    i = i + 3 + argc
   end
-  local call = {cmd, key}
-  for j = 1, argc do call[j + 2] = ARGV[i + 2 + j] end
-  effects[n] = call
-  i = i + 3 + argc
+  if redis.call('ZSCORE', KEYS[2], idem) then
+    replies[c] = 0
+  else
+    -- Check every effect before writing anything: the type each key will
+    -- have once the effects before it ran (an earlier one may create it).
+    local planned = {}
+    for n = 1, #effects do
+      local cmd, key = effects[n][1], effects[n][2]
+      local want = types[cmd]
+      if want == nil then
+        refused = 'ERR effect command not allowed: ' .. cmd
+        break
+      elseif cmd == 'DEL' then
+        planned[key] = 'none'
+      elseif want ~= '' then
+        local have = planned[key] or redis.call('TYPE', key)['ok']
+        if have ~= 'none' and have ~= want then
+          refused = 'WRONGTYPE effect ' .. cmd .. ' on ' .. key .. ', a ' .. have ..
+                    '; nothing committed'
+          break
+        end
+        planned[key] = want
+      end
+    end
+    if refused then
+      replies[c] = refused
+    else
+      for n = 1, #effects do redis.call(unpack(effects[n])) end
+      redis.call('ZADD', KEYS[2], now, idem)
+      replies[c] = 1
+    end
+  end
+  if not refused then
+    acks[#acks + 1] = entry
+    if how == 'del' then dels[#dels + 1] = entry end
+  end
 end
-for n = 1, #effects do redis.call(unpack(effects[n])) end
-redis.call('ZADD', KEYS[2], now, ARGV[3])
-local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[6])
+local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
 if over > 0 then redis.call('ZPOPMIN', KEYS[2], over) end
-settle()
-return 1
+if #acks > 0 then redis.call('XACK', KEYS[1], ARGV[1], unpack(acks)) end
+if #dels > 0 then redis.call('XDEL', KEYS[1], unpack(dels)) end
+return replies
 """,
 )

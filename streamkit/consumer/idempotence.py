@@ -52,12 +52,13 @@ class Idempotence:
 
     ``marker_ttl``: seconds a marker is kept at least (default one day): a
     duplicate arriving later runs the handler again.  ``max_markers``: at most
-    this many per shard and group (default 1,000,000, about 90 MB per shard
-    at 30-byte ids, docs/performance.md); beyond it the oldest go first.
+    this many per shard and group (default 200,000: about 23 MiB per shard
+    and group at ~30-byte ids, docs/performance.md); beyond it the oldest go
+    first, even inside ``marker_ttl``.
     """
 
     marker_ttl: float = 86_400.0
-    max_markers: int = 1_000_000
+    max_markers: int = 200_000
 
     def __post_init__(self) -> None:
         if not self.marker_ttl > 0:

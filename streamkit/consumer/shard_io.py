@@ -46,6 +46,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("streamkit.poller")
+#: An idempotent listener's commits per script (Lua's unpack has a limit).
+_COMMITS_PER_SCRIPT = 500
 
 #: A stream entry as Redis returns it: (id, fields; None for a trimmed pending entry).
 Entry = tuple[bytes, Any]
@@ -186,51 +188,66 @@ class ShardIO:
         return [score is not None for score in scores]
 
     def commit_command(
-        self, commit: Commit, token: bytes, idempotence: Idempotence
+        self, commits: Sequence[Commit], token: bytes, idempotence: Idempotence
     ) -> tuple[Any, ...]:
+        """One script for ``commits`` (``streamkit.scripts.COMMIT``)."""
         keys: list[str] = [self.stream_key, self.marker_key, self.fence_key]
         index: dict[str, int] = {}
-        ops: list[Any] = []
-        for command, key, args in commit.effects:
-            if key not in index:
-                keys.append(key)
-                index[key] = len(keys)  # Lua counts from 1
-            ops += [command, index[key], len(args), *args]
-        return COMMIT.command(
-            keys,
-            [
-                self.consumer_group,
+        args: list[Any] = [
+            self.consumer_group,
+            token,
+            int(idempotence.marker_ttl * 1000),
+            idempotence.max_markers,
+            len(commits),
+        ]
+        for commit in commits:
+            args += [
                 commit.entry_id,
                 commit.idempotency_id,
-                token,
-                int(idempotence.marker_ttl * 1000),
-                idempotence.max_markers,
                 "del" if commit.delete else "ack",
                 len(commit.effects),
-                *ops,
-            ],
-        )
+            ]
+            for command, key, effect_args in commit.effects:
+                if key not in index:
+                    keys.append(key)
+                    index[key] = len(keys)  # Lua counts from 1
+                args += [command, index[key], len(effect_args), *effect_args]
+        return COMMIT.command(keys, args)
 
     async def commit(
         self, commits: Sequence[Commit], token: bytes, idempotence: Idempotence
     ) -> list[Any]:
-        """Send each commit's script, in one round trip (each is atomic by itself).
+        """Commit ``commits``, in one round trip (a script per ``_COMMITS_PER_SCRIPT``).
 
         One reply per commit: 1 (committed), 0 (its marker existed: acked,
-        effects skipped) or the error (``is_fenced``: nothing was written).
-        A lost script cache (restart, failover) is loaded and the commits
-        that met it sent again.
+        effects skipped) or a ``ResponseError`` (``is_fenced``, or an effect
+        refused: nothing of that commit was written).  A lost script cache
+        (restart, failover) is loaded and the scripts that met it sent again.
         """
-        commands = [self.commit_command(c, token, idempotence) for c in commits]
+        chunks = [
+            commits[lo : lo + _COMMITS_PER_SCRIPT]
+            for lo in range(0, len(commits), _COMMITS_PER_SCRIPT)
+        ]
+        commands = [self.commit_command(chunk, token, idempotence) for chunk in chunks]
         replies = await send_commands(self.redis, commands)
         again = [i for i, reply in enumerate(replies) if is_noscript(reply)]
         if again:
             await self.redis.script_load(COMMIT.source)
-            for i, reply in zip(
-                again, await send_commands(self.redis, [commands[i] for i in again]), strict=True
-            ):
+            retried = await send_commands(self.redis, [commands[i] for i in again])
+            for i, reply in zip(again, retried, strict=True):
                 replies[i] = reply
-        return replies
+        out: list[Any] = []
+        for chunk, reply in zip(chunks, replies, strict=True):
+            if isinstance(reply, BaseException):
+                out += [reply] * len(chunk)
+            else:
+                out += [
+                    ResponseError(r.decode() if isinstance(r, bytes) else r)
+                    if isinstance(r, bytes | str)
+                    else int(r)
+                    for r in reply
+                ]
+        return out
 
     # -- reads -------------------------------------------------------------------
 

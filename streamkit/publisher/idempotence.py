@@ -51,7 +51,8 @@ class PublishIdempotence:
 
     ``window``: seconds an id is remembered per shard (at least; default one
     hour).  ``max_ids``: at most this many ids per shard (default 100,000,
-    about 12 MB per shard, docs/performance.md); the oldest go first.
+    about 21 MiB per shard at ~30-byte ids, docs/performance.md); the oldest
+    go first.
     ``producer_id``: the prefix of the ids the publisher draws (default: a
     random one per publisher, so two processes never collide).
     """

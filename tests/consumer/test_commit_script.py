@@ -39,9 +39,17 @@ ops = st.lists(
         st.tuples(st.just("read"), st.integers(1, 3), st.lists(st.integers(0, 5), min_size=3)),
         st.tuples(
             st.just("commit"),
-            st.integers(0, 30),  # which delivered entry (modulo)
             st.booleans(),  # with a stale token
-            st.lists(st.tuples(st.sampled_from(sorted(EFFECTS)), st.integers(1, 5)), max_size=3),
+            st.lists(  # the commits of one script
+                st.tuples(
+                    st.integers(0, 30),  # which delivered entry (modulo)
+                    st.lists(
+                        st.tuples(st.sampled_from(sorted(EFFECTS)), st.integers(1, 5)), max_size=3
+                    ),
+                ),
+                min_size=1,
+                max_size=3,
+            ),
         ),
         st.just(("fence",)),
     ),
@@ -101,25 +109,32 @@ def run(r: redis.Redis, steps: list[Any]) -> None:
             for entry, _ in r.xreadgroup(GROUP, "m", {stream: ">"})[0][1]:
                 model.pending.add(entry)
         else:
-            _, which, use_stale, effects = step
+            _, use_stale, batch = step
             if not delivered:
                 continue
-            entry, idem = delivered[which % len(delivered)]
-            staged = [
-                (
-                    EFFECTS[e][0],
-                    keys[EFFECTS[e][1]],
-                    ([b"n"] if EFFECTS[e][0] == "HINCRBY" else []) + [amount],
-                )
-                for e, amount in effects
-            ]
-            commit = Commit(entry, idem, effects=staged)
-            command = io.commit_command(commit, stale if use_stale else token, IDEMPOTENCE)
+            commits, expected = [], []
+            for which, effects in batch:
+                entry, idem = delivered[which % len(delivered)]
+                staged = [
+                    (
+                        EFFECTS[e][0],
+                        keys[EFFECTS[e][1]],
+                        ([b"n"] if EFFECTS[e][0] == "HINCRBY" else []) + [amount],
+                    )
+                    for e, amount in effects
+                ]
+                commits.append(Commit(entry, idem, effects=staged))
+                expected.append((entry, idem, effects))
+            command = io.commit_command(commits, stale if use_stale else token, IDEMPOTENCE)
             try:
-                reply: Any = r.execute_command(*command)
+                replies: list[Any] = [
+                    redis.ResponseError(x.decode()) if isinstance(x, bytes) else x
+                    for x in r.execute_command(*command)
+                ]
             except redis.ResponseError as exc:
-                reply = exc
-            expect(model, reply, entry, idem, use_stale, effects)
+                replies = [exc] * len(commits)
+            for reply, (entry, idem, effects) in zip(replies, expected, strict=True):
+                expect(model, reply, entry, idem, use_stale, effects)
         check(r, model, stream, keys, io.marker_key)
 
 
