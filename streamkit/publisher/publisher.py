@@ -338,7 +338,7 @@ class Publisher(PublisherViews):
                 f"idempotency_ids: {len(idempotency_ids)} ids for {len(entries)} messages"
             )
         if self.idempotence is not None or idempotency_ids is not None:
-            given = idempotency_ids or [None] * len(entries)
+            given: Sequence[str | None] = idempotency_ids or [None] * len(entries)
             drawn = [self._id_of(idem) for idem in given]
             entries = [
                 (key, [IDEMPOTENCY_FIELD, idem[0], *args])

@@ -7,7 +7,7 @@ publisher's ``_send`` method (``self`` is the publisher) and reads its parts.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import anyio
 import redis.exceptions
@@ -16,13 +16,10 @@ from streamkit.connections import send_commands
 from streamkit.publisher.encoding import PartitionKey, text
 from streamkit.publisher.errors import StaleRouteError
 from streamkit.publisher.idempotence import appended
-from streamkit.publisher.router import RoutingSnapshot
+from streamkit.publisher.router import Router, RoutingSnapshot
 from streamkit.results import PublishResult
 from streamkit.routing import shard_for_key
 from streamkit.scripts import IDEMPOTENT_XADD, is_noscript
-
-if TYPE_CHECKING:
-    from streamkit.publisher.publisher import Publisher
 
 __all__ = ["Ids", "send"]
 
@@ -35,7 +32,7 @@ Ids = list[tuple[str, bool] | None]
 
 
 async def send(
-    self: Publisher,
+    self: Any,  # the Publisher (not imported: that would be an import cycle)
     entries: list[tuple[PartitionKey, list[Any]]],
     pending: Sequence[int],
     results: list[PublishResult | None],
@@ -52,14 +49,14 @@ async def send(
     check-and-append scripts, and a retry goes to the shard of the first
     attempt while that shard's stream exists (its dedup record is there).
     """
-    router = self._router
+    router: Router = self._router
     version = -1
     attempt = 1
     # Idempotent entries: input index -> (stream key, shard) of the first attempt.
     pins: dict[int, tuple[str, int]] = {}
     while pending:
         if self._clock() < router.fast_until:
-            snap = router.snap
+            snap: RoutingSnapshot = router.snap
         else:
             snap = await self._route_slow(entries[pending[0]][0])
         version = snap.version
