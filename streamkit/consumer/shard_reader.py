@@ -184,6 +184,14 @@ class ShardReader:
         while not self.stopping:
             # Acks ride along with the next read (_read_new), but never wait
             # behind anything else: before every wait they go out on their own.
+            if self.halted:
+                await self._acks.flush()
+                await self.interruptibly(anyio.sleep_forever())
+                continue
+            if not self.may_read():
+                await self._acks.flush()
+                await self.interruptibly(host.wait_for_change())
+                continue
             if self.idempotence is not None and self._acks.token is None:
                 # Fence earlier readers of the shard before handling anything.
                 try:
@@ -192,14 +200,6 @@ class ShardReader:
                     failures += 1
                     self._io.log_read_error(exc, failures, self._host.redis_address)
                     await self.interruptibly(anyio.sleep(backoff_s(failures)))
-                continue
-            if self.halted:
-                await self._acks.flush()
-                await self.interruptibly(anyio.sleep_forever())
-                continue
-            if not self.may_read():
-                await self._acks.flush()
-                await self.interruptibly(host.wait_for_change())
                 continue
             if retries.full and retries.until_due_ms(monotonic_ms()) > 0:
                 # Bounded memory: read nothing new until a parked retry is due.
