@@ -30,15 +30,25 @@ async def main() -> int:
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
     parser.add_argument("--minutes", type=float, default=10.0, help="length of each run")
     parser.add_argument("--workdir", type=Path, default=None, help="keep records here")
+    parser.add_argument(
+        "--idempotent",
+        action="store_true",
+        help="idempotent publishes and listener; fails on any duplicate effect",
+    )
     args = parser.parse_args()
     rows, failed = [], False
     for seed in (int(s) for s in args.seeds.split(",")):
         workdir = args.workdir / f"seed-{seed}" if args.workdir else None
-        result = await run(seed=seed, duration=args.minutes * 60, workdir=workdir)
+        result = await run(
+            seed=seed, duration=args.minutes * 60, workdir=workdir, idempotent=args.idempotent
+        )
         rows.append(result.row())
         print(result.details(), flush=True)
         print(f"{HEADER}\n{result.row()}", flush=True)
         failed |= not result.verdict.ok
+        if args.idempotent:
+            failed |= result.duplicate_effects > 0
+            failed |= result.verdict.duplicates["publisher retry (two entries)"] > 0
     print("\nAll runs:\n" + HEADER + "\n" + "\n".join(rows))
     return 1 if failed else 0
 

@@ -167,6 +167,7 @@ async def streamkit_run(
     failing_percent: float = 0.0,
     middlewares: Sequence[Middleware] = (),
     cpu: list[float] | None = None,
+    idempotent: bool = False,
 ) -> float:
     """Messages per second; with failures, of the healthy entries only.
 
@@ -205,6 +206,7 @@ async def streamkit_run(
         batch_size=batch,
         ordered=ordered,
         failure_policy=FailurePolicy(max_attempts=3, backoff_initial_ms=50),
+        idempotent=idempotent,
     )
     async def handle(msg: Message) -> None:
         nonlocal handled, first, first_cpu

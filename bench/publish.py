@@ -33,6 +33,10 @@ publishes N keyed ~100-byte messages in each mode:
                     with coalescing, calls of one loop turn share a pipeline.
                     The ceiling is the raw one pipeline of 100.
 
+* idempotent: ``Publisher(..., idempotent=True)`` (a drawn id per message,
+  the check-and-append script) single, batched and with 100 tasks, as a
+  ratio to the plain publisher in the same mode
+
 * single-caller latency: a lone caller alternating, call by call, between the
   coalescing publisher and the one with ``coalesce=False`` (so drift in the
   machine's load hits both alike); per-call p50 / p99 of each, as a ratio.
@@ -257,6 +261,8 @@ async def bench(
     # Today's behaviour for the concurrent pattern: every call its own round trip.
     plain = Publisher(PREFIX, GROUP, settings=settings, coalesce=False)
     await plain.start()
+    idem = Publisher(PREFIX, GROUP, settings=settings, idempotent=True)
+    await idem.start()
     msgs = messages(n)
     modes: dict[str, Mode] = {
         "single  raw xadd": raw_single(raw),
@@ -270,6 +276,9 @@ async def bench(
         "batched publish_many, metrics+tracing": publisher_batched(observed),
         "batched publish_many, metrics+tracing API": publisher_batched(metered),
         "single  publisher, coalescing off": publisher_single(plain),
+        "single  publish, idempotent": publisher_single(idem),
+        "batched publish_many, idempotent": publisher_batched(idem),
+        "100 tasks publisher, idempotent": publisher_concurrent(idem, 100),
     }
     for size in BATCH_SIZES:
         modes[f"batch {size:<4} raw, one pipeline"] = raw_one_pipeline(raw, size)
@@ -309,6 +318,7 @@ async def bench(
         await observed.aclose()
         await metered.aclose()
         await plain.aclose()
+        await idem.aclose()
         await raw.aclose()
         await raw_timed.aclose()
 
@@ -368,6 +378,14 @@ async def bench(
             f"{tasks:>3} tasks publisher.publish",
             f"{tasks:>3} tasks publisher, coalescing off",
         )
+    for label, on, off in (
+        ("single", "single  publish, idempotent", "single  publisher.publish"),
+        ("batch 100", "batched publish_many, idempotent", "batched publisher.publish_many"),
+        ("100 tasks", "100 tasks publisher, idempotent", "100 tasks publisher.publish"),
+    ):
+        if on in best and off in best:  # cost per entry: time ratio = inverse rate ratio
+            print(f"  {label + ': idempotent / plain publish, time per entry':<58} = "
+                  f"{best[off] / best[on]:.2f}x")  # fmt: skip
     if only:
         return
     single = best["single  publisher.publish"] / best["single  raw xadd"]

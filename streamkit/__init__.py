@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from streamkit.app import StreamKit
     from streamkit.consumer.failure import FailurePolicy, PayloadError
+    from streamkit.consumer.idempotence import CrossSlotEffectError, Idempotence
     from streamkit.consumer.lifecycle import ShardContext, ShardLifecycle
     from streamkit.consumer.listener import ListenerConfigError
     from streamkit.consumer.message import Message
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from streamkit.errors import StreamkitError
     from streamkit.middleware import Middleware
     from streamkit.publisher.errors import PublishError
+    from streamkit.publisher.idempotence import PublishIdempotence
     from streamkit.publisher.publisher import Publisher
     from streamkit.publisher.routing_cache import RoutingUnavailable
     from streamkit.results import ConsumeResult, Outcome, PublishResult
@@ -42,8 +44,10 @@ __all__ = [
     "ConsumeResult",
     "CoordinatorError",
     "CoordinatorUnavailable",
+    "CrossSlotEffectError",
     "FailurePolicy",
     "GroupNotFoundError",
+    "Idempotence",
     "ListenerConfigError",
     "MemberRejectedError",
     "Message",
@@ -51,6 +55,7 @@ __all__ = [
     "Outcome",
     "PayloadError",
     "PublishError",
+    "PublishIdempotence",
     "PublishResult",
     "Publisher",
     "RoutingUnavailable",
@@ -70,6 +75,9 @@ _EXPORTS: dict[str, str] = {
     "StreamkitError": "streamkit.errors",
     "FailurePolicy": "streamkit.consumer.failure",
     "PayloadError": "streamkit.consumer.failure",
+    "CrossSlotEffectError": "streamkit.consumer.idempotence",
+    "Idempotence": "streamkit.consumer.idempotence",
+    "PublishIdempotence": "streamkit.publisher.idempotence",
     "ShardContext": "streamkit.consumer.lifecycle",
     "ShardLifecycle": "streamkit.consumer.lifecycle",
     "ListenerConfigError": "streamkit.consumer.listener",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from dependency_injector import containers, providers
 
 from streamkit.consumer.failure import FailurePolicy
+from streamkit.consumer.idempotence import Idempotence
 from streamkit.consumer.lifecycle import ShardLifecycle
 from streamkit.consumer.listener import (
     DEFAULT_BATCH_SIZE,
@@ -154,6 +155,7 @@ class AppDeclarations:
         failure_policy: FailurePolicy | None = None,
         payload_field: str = "payload",
         shards: int | None = None,
+        idempotent: bool | Idempotence = False,
     ) -> Callable[[F], F]:
         """Register ``handler(msg)`` for every entry of the group's shards.
 
@@ -170,6 +172,9 @@ class AppDeclarations:
         from the settings) says how failures are retried and dead-lettered.
         ``shards`` declares the stream (``app.stream(stream_prefix,
         shards=...)``), so ``start()`` creates it and the group when missing.
+        ``idempotent`` (True, or an ``Idempotence`` for its windows) skips
+        entries whose id was handled already and commits ``msg.effects``
+        exactly once with the ack (docs/consumer.md, "Idempotency").
         Returns the handler unchanged.
         """
         options: dict[str, Any] = {
@@ -182,6 +187,7 @@ class AppDeclarations:
             "block_ms": block_ms,
             "failure_policy": failure_policy,
             "payload_field": payload_field,
+            "idempotent": idempotent,
         }
         # Validate now, so a bad declaration fails even before a handler is given.
         Listener.create(handler=_placeholder, **options)

@@ -31,6 +31,9 @@ class PublishResult:
     record_id: str
     #: Routing metadata version the message was routed with.
     metadata_version: int
+    #: An idempotent publish whose id the shard had seen: nothing was
+    #: appended, ``record_id`` is the first append's entry id.
+    deduplicated: bool = False
 
 
 class Action(Enum):

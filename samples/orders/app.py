@@ -20,6 +20,11 @@ declares below are created at start; Ctrl-C stops everything)::
 
     streamkit dev samples.orders.app:app
 
+With ``SAMPLES_ORDERS_IDEMPOTENT=1`` (what ``streamkit demo --idempotent``
+sets) the billing listener is idempotent: an order id is billed once by a
+marker and staged effects committed with the ack, and invoices are published
+with the order id as their idempotency id (docs/consumer.md, "Idempotency").
+
 or against running ones, with credentials that may heartbeat (and, to create
 what is missing, the WRITE role)::
 
@@ -30,6 +35,7 @@ what is missing, the WRITE role)::
 from __future__ import annotations
 
 import logging
+import os
 from decimal import Decimal
 
 from dependency_injector import containers, providers
@@ -45,6 +51,7 @@ INVOICES = "invoices"
 ACCOUNTING = "accounting"
 
 log = logging.getLogger("samples.orders")
+IDEMPOTENT = os.environ.get("SAMPLES_ORDERS_IDEMPOTENT") == "1"
 
 
 class Order(BaseModel):
@@ -80,10 +87,12 @@ class InvoiceService:
     def __init__(self, publisher: Publisher) -> None:
         self._publisher = publisher
 
-    async def issue(self, order: Order) -> None:
+    async def issue(self, order: Order, idempotency_id: str | None = None) -> None:
         # Keyed by order id: every invoice of an order lands on one shard.
         await self._publisher.publish(
-            order.order_id, {"orderId": order.order_id, "amount": str(order.amount)}
+            order.order_id,
+            {"orderId": order.order_id, "amount": str(order.amount)},
+            idempotency_id=idempotency_id,
         )
 
 
@@ -124,6 +133,7 @@ async def goodbye() -> None:
     # A failing order is retried 5 times (0.2 s, 0.4 s, ... apart) while the
     # later orders of its shard wait, then it goes to orders:dlq:billing.
     failure_policy=FailurePolicy(max_attempts=5, backoff_initial_ms=200),
+    idempotent=IDEMPOTENT,
 )
 @inject
 async def bill_order(
@@ -132,6 +142,15 @@ async def bill_order(
     orders: OrderRepository = Provide[Container.orders],
     invoices: InvoiceService = Provide[Container.invoices],
 ) -> None:
+    if IDEMPOTENT:
+        # An invoice published again has the same id: the first one is kept.
+        await invoices.issue(order, idempotency_id=f"invoice-{order.order_id}")
+        # Committed with the ack, once per order id: per-shard keys (the
+        # shard's cluster slot), summed by the demo.
+        msg.effects.sadd(msg.effects.key("billed"), order.order_id)
+        msg.effects.incrby(msg.effects.key("deliveries"), 1)
+        await msg.ack()
+        return
     # Invoice first, then remember the order: a crash in between issues the
     # invoice again on redelivery (at-least-once), never loses it.
     if not await orders.is_billed(order.order_id):

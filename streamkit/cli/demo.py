@@ -36,6 +36,12 @@ def demo(
         int | None,
         typer.Option(min=1, max=65535, help="Coordinator port (default: a free one)."),
     ] = None,
+    idempotent: Annotated[
+        bool,
+        typer.Option(
+            help="Idempotent publishes and billing (markers + staged effects): duplicates=0."
+        ),
+    ] = False,
 ) -> None:
     """Run Redis, a coordinator, consumers and a publisher locally, live."""
     # Imported here: the demo needs the server extra and a source checkout.
@@ -52,5 +58,6 @@ def demo(
         rate=rate,
         console=console,
         port=port,
+        idempotent=idempotent,
     )
     raise typer.Exit(run_demo(options))

@@ -4,14 +4,17 @@ Acks are batched per shard: ``msg.ack()`` queues the id, and one ``XACK`` goes
 out in the same round trip as the shard's next read (``take``), or on its own
 (``flush``) before the reader waits for anything else, and always before the
 shard is reported revoked or drained (the final flush).  Ack-deletes and dead
-letters keep a round trip of their own (``ShardIO.settle``).  The queue also
-books what Redis confirmed, for the progress a heartbeat reports.
+letters keep a round trip of their own (``ShardIO.settle``), and so do an
+idempotent listener's commits (marker + effects + ack, one script each, all
+of a read's in one round trip).  The queue also books what Redis confirmed,
+for the progress a heartbeat reports.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -19,11 +22,13 @@ from redis.exceptions import RedisError
 
 from streamkit.backoff import jittered_backoff
 from streamkit.consumer.failure import dead_letter_fields
+from streamkit.consumer.idempotence import Commit, CommitCounts, Idempotence
 from streamkit.consumer.lifecycle import monotonic_ms
-from streamkit.consumer.message import Message
-from streamkit.consumer.shard_io import ShardIO, id_key, later_id
+from streamkit.consumer.message import Message, Settlement
+from streamkit.consumer.shard_io import Entry, LeaseCut, ShardIO, id_key, later_id
 from streamkit.redis_health import RedisReachability, describe_error, is_unreachable_error
 from streamkit.results import Decision
+from streamkit.scripts import is_fenced
 
 __all__ = ["AckQueue", "backoff_s"]
 
@@ -41,10 +46,25 @@ def backoff_s(failures: int) -> float:
 class AckQueue:
     """The unsent acks, ack-deletes and dead letters of one shard reader."""
 
-    def __init__(self, io: ShardIO, reachability: RedisReachability, *, ordered: bool) -> None:
+    def __init__(
+        self,
+        io: ShardIO,
+        reachability: RedisReachability,
+        *,
+        ordered: bool,
+        idempotence: Idempotence | None = None,
+        counts: CommitCounts | None = None,
+    ) -> None:
         self._io = io
         self._reachability = reachability
         self._ordered = ordered
+        self.idempotence = idempotence
+        #: This reader's fencing token (idempotent listeners; None: not taken yet).
+        self.token: bytes | None = None
+        #: Commits of an idempotent listener, in the order they were settled.
+        self.commits: list[Commit] = []
+        #: Shared by the member's readers (duplicates skipped, commits fenced).
+        self.counts = counts or CommitCounts()
         self.acks: list[bytes] = []
         self.dels: list[bytes] = []
         # Standalone Redis: dead letters (fields, entry id) written in the same
@@ -59,10 +79,11 @@ class AckQueue:
     @property
     def rare(self) -> bool:
         """Ack-deletes or dead letters are queued (they do not ride with a read)."""
-        return bool(self.dels or self.letters)
+        return bool(self.dels or self.letters or self.commits)
 
     def drop(self) -> None:
         self.dropped = True
+        self.commits.clear()
         self.acks.clear()
         self.dels.clear()
         self.letters.clear()
@@ -137,6 +158,8 @@ class AckQueue:
 
     async def flush(self, *, final: bool = False) -> None:
         """Send everything queued (the final flush tries three times)."""
+        if self.commits:
+            await self._flush_commits(final)
         acks, dels, letters = self.acks, self.dels, self.letters
         if not acks and not dels and not letters:
             return
@@ -178,6 +201,98 @@ class AckQueue:
         self._acked(acks, dels)
         # Apart: each list is in stream order by itself, not the two joined.
         self._acked([entry_id for _, entry_id in letters], [])
+
+    def commit(self, message: Message, how: Settlement) -> None:
+        """Queue an idempotent listener's commit of ``message``."""
+        assert self.idempotence is not None
+        self.commits.append(
+            Commit(
+                message.raw_id,
+                self.idempotence.id_of(message.raw_id, message.raw_fields),
+                delete=how is Settlement.ACK_DEL,
+                effects=message.staged_effects(),
+            )
+        )
+
+    async def skip_marked(
+        self, entries: list[Entry], within_lease: Callable[[Awaitable[Any]], Awaitable[Any]]
+    ) -> list[Entry]:
+        """The entries whose idempotency id has no marker; the others are
+        acked (a commit that finds the marker: counted, no effects) unhandled."""
+        assert self.idempotence is not None
+        ids = [self.idempotence.id_of(entry_id, fields) for entry_id, fields in entries]
+        try:
+            marked = await within_lease(self._io.marked(ids))
+        except (RedisError, OSError, LeaseCut) as exc:
+            # The commit checks the marker again: only the handler's run is at stake.
+            log.debug(
+                "%s: marker check of %s failed: %r", self._io.member_id, self._io.stream_key, exc
+            )
+            return entries
+        if not any(marked):
+            return entries
+        fresh: list[Entry] = []
+        for entry, idem, done in zip(entries, ids, marked, strict=True):
+            if done:
+                self.commits.append(Commit(entry[0], idem))
+            else:
+                fresh.append(entry)
+        return fresh
+
+    async def _flush_commits(self, final: bool) -> None:
+        commits, self.commits = self.commits, []
+        io, idempotence, token = self._io, self.idempotence, self.token
+        assert idempotence is not None and token is not None
+        for attempt in range(1, (3 if final else 1) + 1):
+            try:
+                replies = await io.commit(commits, token, idempotence)
+            except (RedisError, OSError) as exc:
+                if is_unreachable_error(exc):
+                    self._reachability.failed(monotonic_ms(), exc)
+                if attempt < (3 if final else 1):
+                    await anyio.sleep(backoff_s(attempt))
+                    continue
+                log.warning(
+                    "%s: could not commit %d entries of %s%s: %s",
+                    io.member_id,
+                    len(commits),
+                    io.stream_key,
+                    "" if final else ", will retry",
+                    describe_error(exc),
+                )
+                if not final and not self.dropped:
+                    self.commits[:0] = commits
+                return
+            break
+        self._reachability.succeeded()
+        done: list[bytes] = []
+        for commit, reply in zip(commits, replies, strict=True):
+            if isinstance(reply, BaseException):
+                if is_fenced(reply):
+                    # A newer reader holds the shard: the entry stays pending
+                    # for it, and its marker decides whether anything runs again.
+                    self.counts.fenced += 1
+                    log.warning(
+                        "%s: fenced: commit of %s entry %s refused, nothing applied",
+                        io.member_id,
+                        io.stream_key,
+                        commit.entry_id.decode(),
+                    )
+                else:
+                    # Refused as a whole (an effect on a key of another type):
+                    # the entry stays pending and is delivered again.
+                    log.error(
+                        "%s: commit of %s entry %s refused, nothing applied: %s",
+                        io.member_id,
+                        io.stream_key,
+                        commit.entry_id.decode(),
+                        reply,
+                    )
+                continue
+            if int(reply) == 0:
+                self.counts.duplicates_skipped += 1
+            done.append(commit.entry_id)
+        self._acked(done, [])
 
     def _acked(self, acks: list[bytes], dels: list[bytes]) -> None:
         """Book entries Redis confirmed acked (progress reports)."""

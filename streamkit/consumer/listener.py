@@ -21,6 +21,7 @@ from streamkit.consumer.handlers import (
     adapt_single,
     inspect_handler,
 )
+from streamkit.consumer.idempotence import Idempotence
 from streamkit.consumer.lifecycle import ShardLifecycle
 from streamkit.consumer.options import PollerOptions
 from streamkit.errors import StreamkitError
@@ -109,6 +110,7 @@ class Listener:
         batch: bool | None = None,
         failure_policy: object = None,
         payload_field: object = "payload",
+        idempotent: object = False,
         require_handler: bool = True,
     ) -> Listener:
         prefix = _check_name("stream_prefix", stream_prefix)
@@ -159,6 +161,16 @@ class Listener:
                 f"listener {prefix}/{consumer_group}: auto_ack=False, but the handler does not "
                 "receive its messages, so nothing could ever ack them"
             )
+        if isinstance(idempotent, Idempotence):
+            idempotence: Idempotence | None = idempotent
+        elif idempotent is True:
+            idempotence = Idempotence()
+        elif idempotent is False:
+            idempotence = None
+        else:
+            raise ListenerConfigError(
+                f"idempotent must be True, False or an Idempotence, got {idempotent!r}"
+            )
         if lifecycle is not None and not isinstance(lifecycle, ShardLifecycle):
             raise ListenerConfigError(
                 f"lifecycle must implement ShardLifecycle (async on_assigned, on_revoked, "
@@ -187,6 +199,7 @@ class Listener:
                 auto_ack=bool(auto_ack),
                 claim_pending=bool(claim_pending),
                 batch=shape is not None and shape.batch,
+                idempotence=idempotence,
             ),
             name=str(name),
             shape=shape,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Generator
 from enum import Enum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from streamkit.consumer.idempotence import Effects
 
 __all__ = ["Message", "Settlement"]
 
@@ -51,10 +54,13 @@ class Message:
     Settle it with ``ack()``, ``ack_del()`` or ``nack()`` (the first call
     wins; later ones are ignored).  Unsettled messages stay pending in the
     consumer group and are delivered again after a rebalance or restart
-    (at-least-once), so handlers must be idempotent.
+    (at-least-once), so handlers must be idempotent, or the listener declared
+    ``idempotent=True`` (markers, and Redis writes staged on :attr:`effects`
+    applied exactly once with the ack: docs/consumer.md, "Idempotency").
     """
 
     __slots__ = (
+        "_effects",
         "_fields",
         "_nack_delay_ms",
         "_raw_fields",
@@ -90,6 +96,7 @@ class Message:
         #: adds one, on any member).  The failure policy counts attempts by it.
         self.delivery_count = delivery_count
         self._nack_delay_ms: int | None = None
+        self._effects: Effects | None = None
 
     # -- data ----------------------------------------------------------------
 
@@ -139,6 +146,32 @@ class Message:
     def settled(self) -> Settlement | None:
         return self._settled
 
+    @property
+    def idempotency_id(self) -> str:
+        """The publisher's idempotency id (field ``idempotency-id``), else the entry id."""
+        given = self._raw_fields.get(b"idempotency-id") if self._raw_fields else None
+        return (given or self._raw_id).decode()
+
+    @property
+    def effects(self) -> Effects:
+        """Redis writes applied exactly once, with this entry's ack (idempotent
+        listeners only): ``msg.effects.hincrby(msg.effects.key("totals"), "n", 1)``."""
+        if self._settled is not None:
+            raise RuntimeError(
+                "stage effects before the message is acked: they commit with the ack"
+            )
+        if self._effects is None:
+            make = getattr(self._sink, "effects", None)
+            if getattr(self._sink, "idempotence", None) is None or make is None:
+                raise RuntimeError(
+                    "msg.effects needs an idempotent listener: declare it with idempotent=True"
+                )
+            self._effects = make()
+        return self._effects
+
+    def staged_effects(self) -> list[tuple[str, str, list[Any]]]:
+        return [] if self._effects is None else list(self._effects.staged)
+
     # -- settlement -----------------------------------------------------------
 
     def ack(self) -> Awaitable[None]:
@@ -184,7 +217,10 @@ class Message:
     def _settle(self, how: Settlement) -> Awaitable[None]:
         if self._settled is None:
             self._settled = how
-            self._sink.settle(self._raw_id, how)
+            if how is not Settlement.NACK and getattr(self._sink, "idempotence", None) is not None:
+                self._sink.commit(self, how)  # type: ignore[attr-defined]
+            else:
+                self._sink.settle(self._raw_id, how)
         return _DONE
 
     def __repr__(self) -> str:

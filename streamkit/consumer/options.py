@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from streamkit.consumer.failure import FailurePolicy
+from streamkit.consumer.idempotence import Idempotence
 
 __all__ = ["PollerOptions", "ReadObserver"]
 
@@ -33,6 +34,8 @@ class PollerOptions:
     batch: bool = False
     #: What to do with a failed entry.
     policy: FailurePolicy = _DEFAULT_POLICY
+    #: Idempotent listener: markers, fencing, staged effects (None: off).
+    idempotence: Idempotence | None = None
 
 
 class ReadObserver(Protocol):

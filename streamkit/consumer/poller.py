@@ -21,6 +21,7 @@ from streamkit.connections import AsyncRedis, redis_address
 from streamkit.consumer.dispatch import Dispatcher
 from streamkit.consumer.fair_gate import FairGate
 from streamkit.consumer.handlers import BatchHandler, Handler
+from streamkit.consumer.idempotence import CommitCounts
 from streamkit.consumer.invoke import Invoker
 from streamkit.consumer.member import MemberStateMachine
 from streamkit.consumer.options import PollerOptions, ReadObserver
@@ -90,6 +91,8 @@ class ShardPoller:
         self.halted: dict[int, str] = {}
         #: Entries written to the dead-letter stream (metrics).
         self.dead_letter_count = 0
+        #: Idempotent listeners: duplicates skipped, commits fenced (metrics).
+        self.commit_counts = CommitCounts()
         self._readers: dict[int, ShardReader] = {}
         self._changed = anyio.Event()
         self._closed = anyio.Event()

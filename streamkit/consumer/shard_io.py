@@ -13,7 +13,10 @@ Each command is encoded in one place:
 * the dead letter's ``XADD`` (:meth:`ShardIO.dead_letter_command`);
 * the settling of acked, ack-deleted and dead-lettered entries
   (:meth:`ShardIO.settle`), which is where ``XACKDEL`` (Redis 8.2+) or
-  ``XACK`` + ``XDEL`` in one ``MULTI`` is chosen.
+  ``XACK`` + ``XDEL`` in one ``MULTI`` is chosen;
+* an idempotent listener's fencing token, marker check and commits
+  (:meth:`ShardIO.take_fence`, :meth:`ShardIO.marked`, :meth:`ShardIO.commit`;
+  ``streamkit.consumer.idempotence``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import redis.asyncio as redis_asyncio
 from redis.exceptions import RedisError, ResponseError
 
 from streamkit.connections import AsyncRedis, send_commands
+from streamkit.consumer.idempotence import Commit, Idempotence, fence_key, marker_key
+from streamkit.redis_health import describe_error
+from streamkit.scripts import COMMIT, is_noscript
 
 __all__ = [
     "END_OF_PEL",
@@ -40,6 +46,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("streamkit.poller")
+#: An idempotent listener's commits per script (Lua's unpack has a limit).
+_COMMITS_PER_SCRIPT = 500
 
 #: A stream entry as Redis returns it: (id, fields; None for a trimmed pending entry).
 Entry = tuple[bytes, Any]
@@ -139,6 +147,107 @@ class ShardIO:
         self._dead_letter_head = ("XADD", dead_letter_key, "MAXLEN", "~", dead_letter_maxlen, "*")
         #: Redis Cluster: a dead letter and its shard are in different slots.
         self.cluster = isinstance(redis, redis_asyncio.RedisCluster)
+        self.marker_key = marker_key(stream_key, consumer_group)
+        self.fence_key = fence_key(stream_key, consumer_group)
+
+    def log_read_error(self, exc: BaseException, failures: int, address: str) -> None:
+        """Log the 1st, 10th, 20th ... failure in a row of this shard's reads."""
+        if failures != 1 and failures % 10:
+            return
+        if isinstance(exc, ResponseError) and str(exc).startswith("NOGROUP"):
+            # Never recreated here: the coordinator provisions streams and
+            # groups together, so a stream without its group was deleted on
+            # purpose (and MKSTREAM would resurrect a retired shard).
+            log.error(
+                "%s: consumer group %r is missing on %s (failure %d); retrying with backoff. "
+                "Re-provision the group through the coordinator.",
+                self.member_id,
+                self.consumer_group,
+                self.stream_key,
+                failures,
+            )
+        else:
+            log.warning(
+                "%s: reading %s from Redis at %s failed (failure %d): %s",
+                self.member_id,
+                self.stream_key,
+                address,
+                failures,
+                describe_error(exc),
+            )
+
+    # -- idempotent listeners ------------------------------------------------------
+
+    async def take_fence(self) -> bytes:
+        """Become the shard's newest reader: the commits of earlier ones fail."""
+        return str(await self.redis.incr(self.fence_key)).encode()
+
+    async def marked(self, ids: Sequence[bytes]) -> list[bool]:
+        """Whether each idempotency id has a marker (``ZMSCORE``, one round trip)."""
+        scores = await self.redis.execute_command("ZMSCORE", self.marker_key, *ids)
+        return [score is not None for score in scores]
+
+    def commit_command(
+        self, commits: Sequence[Commit], token: bytes, idempotence: Idempotence
+    ) -> tuple[Any, ...]:
+        """One script for ``commits`` (``streamkit.scripts.COMMIT``)."""
+        keys: list[str] = [self.stream_key, self.marker_key, self.fence_key]
+        index: dict[str, int] = {}
+        args: list[Any] = [
+            self.consumer_group,
+            token,
+            int(idempotence.marker_ttl * 1000),
+            idempotence.max_markers,
+            len(commits),
+        ]
+        for commit in commits:
+            args += [
+                commit.entry_id,
+                commit.idempotency_id,
+                "del" if commit.delete else "ack",
+                len(commit.effects),
+            ]
+            for command, key, effect_args in commit.effects:
+                if key not in index:
+                    keys.append(key)
+                    index[key] = len(keys)  # Lua counts from 1
+                args += [command, index[key], len(effect_args), *effect_args]
+        return COMMIT.command(keys, args)
+
+    async def commit(
+        self, commits: Sequence[Commit], token: bytes, idempotence: Idempotence
+    ) -> list[Any]:
+        """Commit ``commits``, in one round trip (a script per ``_COMMITS_PER_SCRIPT``).
+
+        One reply per commit: 1 (committed), 0 (its marker existed: acked,
+        effects skipped) or a ``ResponseError`` (``is_fenced``, or an effect
+        refused: nothing of that commit was written).  A lost script cache
+        (restart, failover) is loaded and the scripts that met it sent again.
+        """
+        chunks = [
+            commits[lo : lo + _COMMITS_PER_SCRIPT]
+            for lo in range(0, len(commits), _COMMITS_PER_SCRIPT)
+        ]
+        commands = [self.commit_command(chunk, token, idempotence) for chunk in chunks]
+        replies = await send_commands(self.redis, commands)
+        again = [i for i, reply in enumerate(replies) if is_noscript(reply)]
+        if again:
+            await self.redis.script_load(COMMIT.source)
+            retried = await send_commands(self.redis, [commands[i] for i in again])
+            for i, reply in zip(again, retried, strict=True):
+                replies[i] = reply
+        out: list[Any] = []
+        for chunk, reply in zip(chunks, replies, strict=True):
+            if isinstance(reply, BaseException):
+                out += [reply] * len(chunk)
+            else:
+                out += [
+                    ResponseError(r.decode() if isinstance(r, bytes) else r)
+                    if isinstance(r, bytes | str)
+                    else int(r)
+                    for r in reply
+                ]
+        return out
 
     # -- reads -------------------------------------------------------------------
 

@@ -18,18 +18,19 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import anyio
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from streamkit.consumer.acks import AckQueue, backoff_s
 from streamkit.consumer.dispatch import Dispatcher
 from streamkit.consumer.fair_gate import FairGate
+from streamkit.consumer.idempotence import CommitCounts, Effects, Idempotence
 from streamkit.consumer.lifecycle import monotonic_ms
 from streamkit.consumer.message import Message, Settlement
 from streamkit.consumer.options import PollerOptions, ReadObserver
 from streamkit.consumer.retry_schedule import RetrySchedule
 from streamkit.consumer.shard_io import END_OF_PEL, Entry, LeaseCut, ShardIO, later_id
 from streamkit.protocol import ShardConsumptionProgress, ShardId
-from streamkit.redis_health import RedisReachability, describe_error, is_unreachable_error
+from streamkit.redis_health import RedisReachability, is_unreachable_error
 from streamkit.results import Decision
 
 __all__ = ["Lease", "ReaderHost", "ShardReader"]
@@ -66,6 +67,7 @@ class ReaderHost(Protocol):
     observer: ReadObserver | None
     dispatcher: Dispatcher
     redis_address: str
+    commit_counts: CommitCounts
 
     @property
     def lease(self) -> Lease: ...
@@ -99,7 +101,15 @@ class ShardReader:
         self.in_flight = 0
         self.finished = anyio.Event()
         self.last_delivered_id: bytes | None = None
-        self._acks = AckQueue(io, host.reachability, ordered=host.options.ordered)
+        #: ``idempotent=``: markers, fencing and staged effects (None: off).
+        self.idempotence: Idempotence | None = host.options.idempotence
+        self._acks = AckQueue(
+            io,
+            host.reachability,
+            ordered=host.options.ordered,
+            idempotence=self.idempotence,
+            counts=host.commit_counts,
+        )
         # Our own pending entries to fetch again, in stream order (skipped when
         # the lease lapsed mid-batch): XCLAIM to ourselves before reading new ones.
         self._redeliver: list[bytes] = []
@@ -140,6 +150,16 @@ class ShardReader:
         # A nack is handled once the handler returned (the Invoker): it goes
         # through the failure policy like an exception.
 
+    def commit(self, message: Message, how: Settlement) -> None:
+        """An idempotent listener's ack: marker + staged effects + ack, queued."""
+        if self.aborted or self.finished.is_set():
+            log.debug("ignoring %s of %s: shard no longer held", how.value, self.stream_key)
+            return
+        self._acks.commit(message, how)
+
+    def effects(self) -> Effects:
+        return Effects(self.stream_key, cluster=self._io.cluster)
+
     def may_read(self) -> bool:
         return not self.stopping and self._lease.may_read(self.shard, monotonic_ms())
 
@@ -171,6 +191,15 @@ class ShardReader:
             if not self.may_read():
                 await self._acks.flush()
                 await self.interruptibly(host.wait_for_change())
+                continue
+            if self.idempotence is not None and self._acks.token is None:
+                # Fence earlier readers of the shard before handling anything.
+                try:
+                    self._acks.token = await self._within_lease(self._io.take_fence())
+                except (RedisError, OSError, LeaseCut) as exc:
+                    failures += 1
+                    self._io.log_read_error(exc, failures, self._host.redis_address)
+                    await self.interruptibly(anyio.sleep(backoff_s(failures)))
                 continue
             if retries.full and retries.until_due_ms(monotonic_ms()) > 0:
                 # Bounded memory: read nothing new until a parked retry is due.
@@ -204,6 +233,8 @@ class ShardReader:
                             self.last_delivered_id = later_id(
                                 self.last_delivered_id, entries[-1][0]
                             )
+                            if self.idempotence is not None:
+                                entries = await self._acks.skip_marked(entries, self._within_lease)
                             await host.dispatcher.handle(self, entries, counts)
                             if self._acks.rare:
                                 await self._acks.flush()
@@ -213,7 +244,7 @@ class ShardReader:
                 # Back off (no hot loop on NOGROUP or a Redis outage) without
                 # holding tokens that other shards could use.
                 failures += 1
-                self._log_read_error(error, failures)
+                self._io.log_read_error(error, failures, self._host.redis_address)
                 await self.interruptibly(anyio.sleep(backoff_s(failures)))
 
     async def _read_within_lease(self, count: int) -> tuple[list[Entry], dict[bytes, int]]:
@@ -404,31 +435,6 @@ class ShardReader:
         finally:
             if observer is not None:
                 observer.read_finished(self.shard, self.member_id, epoch, tally.count)
-
-    def _log_read_error(self, exc: BaseException, failures: int) -> None:
-        if failures != 1 and failures % 10:
-            return
-        if isinstance(exc, ResponseError) and str(exc).startswith("NOGROUP"):
-            # Never recreated here: the coordinator provisions streams and
-            # groups together, so a stream without its group was deleted on
-            # purpose (and MKSTREAM would resurrect a retired shard).
-            log.error(
-                "%s: consumer group %r is missing on %s (failure %d); retrying with backoff. "
-                "Re-provision the group through the coordinator.",
-                self.member_id,
-                self.consumer_group,
-                self.stream_key,
-                failures,
-            )
-        else:
-            log.warning(
-                "%s: reading %s from Redis at %s failed (failure %d): %s",
-                self.member_id,
-                self.stream_key,
-                self._host.redis_address,
-                failures,
-                describe_error(exc),
-            )
 
     # -- carrying out the failure policy (for the dispatcher) ------------------------------
 

@@ -38,6 +38,8 @@ from streamkit.errors import StreamkitError
 from streamkit.protocol import API_PREFIX
 from streamkit.publisher.publisher import Publisher, PublishError
 from streamkit.publisher.routing_cache import RoutingUnavailable
+from streamkit.routing import stream_key
+from streamkit.scripts import slot_key
 from streamkit.settings import StreamKitSettings
 from streamkit.status import GroupStatus, fetch_status, headline, render
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -66,6 +68,8 @@ class DemoOptions:
     console: bool = False
     # Fixed coordinator port (None: a free one), e.g. to bookmark the console.
     port: int | None = None
+    # Idempotent publishes and billing listener (markers + staged effects).
+    idempotent: bool = False
 
 
 @dataclass
@@ -217,6 +221,8 @@ async def _main(
     console: Console,
 ) -> Summary:
     state = _State()
+    if options.idempotent:
+        env = {**env, "SAMPLES_ORDERS_IDEMPOTENT": "1"}
     auth = coordinator.admin_auth
     async with httpx.AsyncClient(base_url=coordinator.url, auth=auth, timeout=10) as http:
         for prefix, group, shards in ((ORDERS, BILLING, options.shards), (INVOICES, ACCOUNTING, 4)):
@@ -291,7 +297,10 @@ async def _publish(publisher: Publisher, options: DemoOptions, state: _State, un
             for i in range(per_tick)
         ]
         try:
-            await publisher.publish_many(batch)
+            # Idempotent: a batch sent again keeps the order ids, so the
+            # orders already appended are not appended twice.
+            ids = [key for key, _ in batch] if options.idempotent else None
+            await publisher.publish_many(batch, idempotency_ids=ids)
         except (PublishError, RoutingUnavailable, RedisError, OSError) as exc:
             # At-least-once: the same order ids are sent again next tick.
             state.summary.publish_retries += 1
@@ -360,6 +369,14 @@ async def _watch(
     if not interactive:
         for event in state.events[printed_events:]:
             _plain(console, event)
+    if options.idempotent:
+        # Per-shard effect keys (the sample's msg.effects.key(...)), summed.
+        shards = [stream_key(ORDERS, s) for s in range(max(options.shards, options.scale_to))]
+        state.summary.billed = sum([int(await redis.scard(slot_key(k, "billed"))) for k in shards])
+        state.summary.deliveries = sum(
+            [int(await redis.get(slot_key(k, "deliveries")) or 0) for k in shards]
+        )
+        return
     state.summary.billed = int(await redis.scard(BILLED))
     state.summary.deliveries = int(await redis.get(DELIVERIES) or 0)
 
@@ -438,7 +455,8 @@ def _print_summary(console: Console, summary: Summary, options: DemoOptions) -> 
     table.add_row("published", str(summary.published))
     table.add_row("acked (unique orders billed)", str(summary.billed))
     table.add_row("deliveries", str(summary.deliveries))
-    table.add_row("duplicates (redeliveries)", str(summary.duplicates))
+    what = "duplicate effects" if options.idempotent else "duplicates (redeliveries)"
+    table.add_row(what, str(summary.duplicates))
     table.add_row("lost", str(summary.lost))
     console.print(table)
     console.print(

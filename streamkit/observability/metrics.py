@@ -331,6 +331,9 @@ class _Families(_FamilySet):
     poll: SummaryMetricFamily
     refreshes: CounterMetricFamily
     retries: CounterMetricFamily
+    duplicates: CounterMetricFamily
+    fenced: CounterMetricFamily
+    deduplicated: CounterMetricFamily
 
 
 class AppCollector(Collector):
@@ -359,10 +362,15 @@ class AppCollector(Collector):
             observer = member.poller.observer if member.poller is not None else None
             if isinstance(observer, ReadTimer):
                 f.poll.add_metric(values, observer.timing.count, observer.timing.seconds)
+            if member.poller is not None:
+                counts = member.poller.commit_counts
+                f.duplicates.add_metric(values, counts.duplicates_skipped)
+                f.fenced.add_metric(values, counts.fenced)
         for publisher in self._app.publishers:
             values = [publisher.stream_prefix, publisher.consumer_group]
             f.refreshes.add_metric(values, publisher.refresher.refreshes)
             f.retries.add_metric(values, publisher.retries)
+            f.deduplicated.add_metric(values, publisher.deduplicated)
         yield from f
 
     def describe(self) -> Iterator[_Family]:
@@ -413,6 +421,24 @@ class AppCollector(Collector):
             retries=CounterMetricFamily(
                 "streamkit_publish_retries",
                 "Messages the publisher sent again (connection errors, stale routes).",
+                labels=_GROUP_LABELS,
+            ),
+            duplicates=CounterMetricFamily(
+                "streamkit_consumer_duplicates_skipped",
+                "Idempotent listeners: entries acked without running the handler (or "
+                "without their effects) because their idempotency marker existed.",
+                labels=member,
+            ),
+            fenced=CounterMetricFamily(
+                "streamkit_consumer_commits_fenced",
+                "Idempotent listeners: commits refused whole because a newer reader "
+                "took the shard.",
+                labels=member,
+            ),
+            deduplicated=CounterMetricFamily(
+                "streamkit_publish_deduplicated",
+                "Idempotent publishes answered from the shard's dedup record "
+                "(a retry after a lost reply, or an id published again): nothing appended.",
                 labels=_GROUP_LABELS,
             ),
         )

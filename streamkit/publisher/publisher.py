@@ -4,8 +4,10 @@ Each message is routed by its partition key (``streamkit.publisher.router``)
 and appended with ``XADD key NOMKSTREAM [MAXLEN ~ n] * ...``, so a retired
 shard key fails instead of being recreated; ``publish`` and ``publish_many``
 share one send loop.  Delivery is at-least-once: a retry after a connection
-error may append a second copy (docs/producer.md).  How the parts fit:
-docs/architecture.md ("The publisher").
+error may append a second copy (docs/producer.md), unless the publish is
+idempotent: then the check and the append are one script on the shard
+(``streamkit.publisher.idempotence``) and a retry goes to the shard of the
+first attempt.  How the parts fit: docs/architecture.md ("The publisher").
 """
 
 from __future__ import annotations
@@ -17,13 +19,10 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Final, Self
 
-import anyio
-import redis.exceptions
-from opentelemetry import trace
-
 from streamkit.connections import AsyncRedis, connect_redis, send_command, send_commands
 from streamkit.coordinator_client import CoordinatorClient
 from streamkit.middleware import Middleware, PublishContext, PublishManyContext, chain
+from streamkit.publisher import send_loop
 from streamkit.publisher.coalescer import CommandCoalescer
 from streamkit.publisher.decorator import publish_result, publishes
 from streamkit.publisher.encoding import (
@@ -34,7 +33,6 @@ from streamkit.publisher.encoding import (
     field_args,
     field_args_at,
     json_payload,
-    text,
 )
 from streamkit.publisher.errors import (
     CoordinatorUnreachableError,
@@ -47,12 +45,17 @@ from streamkit.publisher.errors import (
     StaleRouteError,
     UnknownGroupError,
 )
-from streamkit.publisher.refresher import RoutingRefresher
+from streamkit.publisher.idempotence import (
+    IDEMPOTENCY_FIELD,
+    PublishIdempotence,
+    supports_idmp,
+)
 from streamkit.publisher.router import Router, RoutingSnapshot
 from streamkit.publisher.routing_cache import RoutingCache
+from streamkit.publisher.send_loop import Ids
 from streamkit.publisher.tracing import ProducerTracing, SendContext, traceparent
+from streamkit.publisher.views import PublisherViews
 from streamkit.results import PublishResult
-from streamkit.routing import shard_for_key
 from streamkit.settings import StreamKitSettings
 
 __all__ = [
@@ -63,6 +66,7 @@ __all__ = [
     "PartitionKey",
     "PublishBatchError",
     "PublishError",
+    "PublishIdempotence",
     "PublishResult",
     "Publisher",
     "PublisherClosedError",
@@ -77,14 +81,11 @@ __all__ = [
 
 log = logging.getLogger("streamkit.producer")
 
-# Errors after which the command may or may not have been applied: retrying is
-# what makes delivery at-least-once instead of at-most-once.
-_RETRYABLE: Final = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 # The pending entries of a single publish's send: its one entry.
 _FIRST: Final = (0,)
 
 
-class Publisher:
+class Publisher(PublisherViews):
     """Publish messages to the shard streams of ``stream_prefix``.
 
     ``consumer_group`` names the coordinator group whose producer routing is
@@ -131,6 +132,7 @@ class Publisher:
         key: Callable[[Any], PartitionKey] | None = None,
         field: str = PAYLOAD_FIELD,
         as_fields: bool = False,
+        idempotent: bool | PublishIdempotence = False,
     ) -> None:
         if maxlen is not None and maxlen < 0:
             raise ValueError(f"maxlen must be >= 0, got {maxlen}")
@@ -188,6 +190,22 @@ class Publisher:
         #: Told of each decoration (an app rebinds a listener registered before it).
         self.on_decorate: Callable[[Callable[..., Any], Callable[..., Any]], None] | None = None
 
+        #: Idempotent publishing (``idempotent=``): every publish carries an
+        #: id; None: only publishes given an ``idempotency_id`` do.
+        self.idempotence: PublishIdempotence | None = (
+            idempotent
+            if isinstance(idempotent, PublishIdempotence)
+            else PublishIdempotence()
+            if idempotent
+            else None
+        )
+        # Used for caller-given ids when the publisher itself is not idempotent.
+        self._idem = self.idempotence or PublishIdempotence()
+        self._idmp_checked = False
+        #: Idempotent publishes answered from the dedup record (a retry, or a
+        #: caller's id published again): nothing appended.
+        self.deduplicated = 0
+
     def __call__(self, function: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         """``@publisher``: publish what ``function`` returns (``streamkit.publisher.decorator``)."""
         if self.key is None:
@@ -215,6 +233,12 @@ class Publisher:
         if self._closed:
             raise PublisherClosedError(f"publisher for {self._router.cache.name} is closed")
         await self._router.start(self._redis)
+        if not self._idmp_checked:
+            self._idmp_checked = True
+            idem = self._idem
+            # XADD IDMP (Redis 8.6+) only where the server's default window
+            # covers ours: a XCFGSET to widen it would clear every producer's ids.
+            idem.native = idem.native_fits() and await supports_idmp(self._redis)
 
     async def aclose(self) -> None:
         """Stop the refresh in the air and close the clients created here."""
@@ -242,8 +266,19 @@ class Publisher:
 
     # -- publishing ------------------------------------------------------------------
 
-    async def publish(self, partition_key: PartitionKey, fields: Fields) -> PublishResult:
+    async def publish(
+        self,
+        partition_key: PartitionKey,
+        fields: Fields,
+        *,
+        idempotency_id: str | None = None,
+    ) -> PublishResult:
         """Append one message to the shard of ``partition_key`` (at-least-once).
+
+        With ``idempotency_id`` (or a publisher made with ``idempotent=True``,
+        which draws one) the publish is idempotent: a retry after a lost reply,
+        or the same id published again within the window, returns the first
+        entry's id (``result.deduplicated``) instead of appending a copy.
 
         ``fields`` is a mapping of field names to values, or a pydantic model,
         which is written as JSON in the ``payload`` field (as ``publish_json``).
@@ -255,29 +290,40 @@ class Publisher:
         ``max_attempts`` connection failures.
         """
         if not self.middlewares:
-            return await self._publish(partition_key, fields)
+            return await self._publish(partition_key, fields, idempotency_id)
         ctx = PublishContext(partition_key, fields, self.stream_prefix, self.consumer_group)
         return await chain(
             self.middlewares,
             "publish",
             ctx,
-            lambda: self._publish(ctx.partition_key, ctx.fields),
+            lambda: self._publish(ctx.partition_key, ctx.fields, idempotency_id),
         )
 
-    async def _publish(self, partition_key: PartitionKey, fields: Fields) -> PublishResult:
-        entries = [(partition_key, field_args(fields))]
+    async def _publish(
+        self, partition_key: PartitionKey, fields: Fields, idempotency_id: str | None = None
+    ) -> PublishResult:
+        args = field_args(fields)
+        ids: Ids | None = None
+        if idempotency_id is not None or self.idempotence is not None:
+            idem = self._id_of(idempotency_id)
+            ids = [idem]
+            args = [IDEMPOTENCY_FIELD, idem[0], *args]
+        entries = [(partition_key, args)]
         results: list[PublishResult | None] = [None]
         if not self._tracing.enabled:
-            await self._send(entries, _FIRST, results, {}, True)
+            await self._send(entries, _FIRST, results, {}, True, ids)
         else:
-            send = functools.partial(self._send, entries, _FIRST, results, {}, True)
+            send = functools.partial(self._send, entries, _FIRST, results, {}, True, ids)
             await self._tracing.send(SendContext(entries, _FIRST, results, single=True), send)
         result = results[0]
         assert result is not None  # _send raises a single publish's error
         return result
 
     async def publish_many(
-        self, items: Iterable[tuple[PartitionKey, Fields]]
+        self,
+        items: Iterable[tuple[PartitionKey, Fields]],
+        *,
+        idempotency_ids: Sequence[str] | None = None,
     ) -> list[PublishResult]:
         """Publish many messages with one pipelined round trip per batch.
 
@@ -290,24 +336,43 @@ class Publisher:
 
         If only some messages could be published, raises
         :class:`PublishBatchError` with the per-message outcome; if none was,
-        raises the error itself.
+        raises the error itself.  ``idempotency_ids`` (one per message) makes
+        every message an idempotent publish, as ``publish(idempotency_id=...)``.
         """
         if not self.middlewares:
-            return await self._publish_many(items)
+            return await self._publish_many(items, idempotency_ids)
         ctx = PublishManyContext(list(items), self.stream_prefix, self.consumer_group)
         return await chain(
-            self.middlewares, "publish_many", ctx, lambda: self._publish_many(ctx.items)
+            self.middlewares,
+            "publish_many",
+            ctx,
+            lambda: self._publish_many(ctx.items, idempotency_ids),
         )
 
     async def _publish_many(
-        self, items: Iterable[tuple[PartitionKey, Fields]]
+        self,
+        items: Iterable[tuple[PartitionKey, Fields]],
+        idempotency_ids: Sequence[str] | None = None,
     ) -> list[PublishResult]:
         entries = [(key, field_args_at(i, fields)) for i, (key, fields) in enumerate(items)]
+        ids: Ids | None = None
+        if idempotency_ids is not None and len(idempotency_ids) != len(entries):
+            raise ValueError(
+                f"idempotency_ids: {len(idempotency_ids)} ids for {len(entries)} messages"
+            )
+        if self.idempotence is not None or idempotency_ids is not None:
+            given: Sequence[str | None] = idempotency_ids or [None] * len(entries)
+            drawn = [self._id_of(idem) for idem in given]
+            entries = [
+                (key, [IDEMPOTENCY_FIELD, idem[0], *args])
+                for (key, args), idem in zip(entries, drawn, strict=True)
+            ]
+            ids = list(drawn)
         results: list[PublishResult | None] = [None] * len(entries)
         errors: dict[int, BaseException] = {}
         for lo in range(0, len(entries), self.max_batch):
             pending = range(lo, min(lo + self.max_batch, len(entries)))
-            send = functools.partial(self._send, entries, pending, results, errors, False)
+            send = functools.partial(self._send, entries, pending, results, errors, False, ids)
             try:
                 if not self._tracing.enabled:
                     await send()
@@ -336,6 +401,13 @@ class Publisher:
         """
         return await self.publish(partition_key, {field: json_payload(obj)})
 
+    def _id_of(self, idempotency_id: str | None) -> tuple[str, bool]:
+        if idempotency_id is None:
+            return self._idem.next_id(), True
+        if not isinstance(idempotency_id, str) or not idempotency_id:
+            raise ValueError(f"idempotency_id must be a non-empty str, got {idempotency_id!r}")
+        return idempotency_id, False
+
     def note_metadata_version(self, version: int) -> None:
         """Report a ``metadataVersion`` seen elsewhere (e.g. a consumer heartbeat).
 
@@ -346,87 +418,7 @@ class Publisher:
 
     # -- the send loop ---------------------------------------------------------------
 
-    async def _send(
-        self,
-        entries: list[tuple[PartitionKey, list[Any]]],
-        pending: Sequence[int],
-        results: list[PublishResult | None],
-        errors: dict[int, BaseException],
-        single: bool,
-    ) -> int:
-        """Send the entries at ``pending`` until each has a result or an error
-        (the one loop of ``publish`` and ``publish_many``); the routing version used.
-
-        Connection errors, timeouts and stale routes are retried, up to
-        ``max_attempts`` sends. A ``single`` publish raises its error; a batch
-        records errors per entry."""
-        router = self._router
-        version = -1
-        attempt = 1
-        while pending:
-            if self._clock() < router.fast_until:
-                snap = router.snap
-            else:
-                snap = await self._route_slow(entries[pending[0]][0])
-            version = snap.version
-            seq = router.refresher.started
-            count, heads = snap.count, snap.heads
-            try:
-                if single:  # coalesced with concurrent publishes; errors raise
-                    key, args = entries[0]
-                    index = shard_for_key(key, count)
-                    reply = await self._send_one(*heads[index], *args)
-                    if reply is not None:  # appended: the common case, kept short
-                        results[0] = PublishResult(
-                            snap.keys[index], index, text(reply), snap.version
-                        )
-                        self.published += 1
-                        return version
-                    shards, replies = [index], [reply]
-                else:
-                    shards = [shard_for_key(entries[i][0], count) for i in pending]
-                    replies = await send_commands(
-                        self._redis,
-                        [(*heads[s], *entries[i][1]) for i, s in zip(pending, shards, strict=True)],
-                    )
-            except _RETRYABLE as exc:
-                if attempt >= self.max_attempts or _fatal(exc):
-                    raise
-                self.retries += len(pending)
-                await anyio.sleep(min(self.retry_backoff * 2 ** (attempt - 1), 1.0))
-                attempt += 1
-                continue
-            retry: list[int] = []
-            stale: dict[int, list[int]] = {}  # shard -> input indexes
-            for i, index, reply in zip(pending, shards, replies, strict=True):
-                if reply is None:
-                    stale.setdefault(index, []).append(i)
-                elif isinstance(reply, BaseException):
-                    if attempt < self.max_attempts and isinstance(reply, _RETRYABLE):
-                        retry.append(i)
-                    else:
-                        errors[i] = reply
-                else:
-                    results[i] = PublishResult(snap.keys[index], index, text(reply), snap.version)
-                    self.published += 1
-            for index, indexes in stale.items():
-                try:
-                    # XADD NOMKSTREAM found no stream: returns once routing moved on.
-                    await router.stale(snap, index, seq, cooldown=self.stale_route_cooldown)
-                    if attempt >= self.max_attempts:
-                        raise router.stale_error(snap, index, "routing kept changing")
-                except StaleRouteError as exc:
-                    for i in indexes:
-                        errors[i] = exc
-                    continue
-                retry.extend(indexes)
-            if retry:
-                self.retries += len(retry)
-            pending = sorted(retry)  # keep input order among the retried
-            attempt += 1
-        if single and errors:
-            raise errors[0]
-        return version
+    _send = send_loop.send
 
     async def _route_slow(self, partition_key: PartitionKey) -> RoutingSnapshot:
         """Everything the hot path skips: start, refresh, lease and shard checks."""
@@ -436,63 +428,3 @@ class Publisher:
             await self.start()
         self._tracing.recheck()
         return await self._router.route(partition_key)
-
-    # -- observability ---------------------------------------------------------------
-
-    @property
-    def tracer(self) -> trace.Tracer:
-        """Where spans go; by default ``trace.get_tracer("streamkit")``.
-
-        With the default, a tracer provider installed after the publisher was
-        created is noticed within one routing refresh interval.
-        """
-        return self._tracing.tracer
-
-    @tracer.setter
-    def tracer(self, tracer: trace.Tracer) -> None:
-        self._tracing.tracer = tracer
-
-    @property
-    def trace_context_field(self) -> str | None:
-        """Entry field carrying the W3C ``traceparent`` of the producer span
-        (consumers link their span to it); None: not written."""
-        return self._tracing.trace_context_field
-
-    @trace_context_field.setter
-    def trace_context_field(self, field: str | None) -> None:
-        self._tracing.trace_context_field = field
-
-    @property
-    def coalescer(self) -> CommandCoalescer | None:
-        """What turns concurrent ``publish`` calls into pipelines (None when off)."""
-        return self._coalescer
-
-    @property
-    def routing_cache(self) -> RoutingCache:
-        """The cache itself (read it, do not drive it): version, age, failure counters."""
-        return self._router.cache
-
-    @property
-    def refresher(self) -> RoutingRefresher:
-        """Refresh counters: ``started`` (requests), ``refreshes``, ``replacements``."""
-        return self._router.refresher
-
-    @property
-    def stale_refreshes(self) -> int:
-        """Publishes that found a stale route (or a newer version) and refreshed."""
-        return self._router.stale_refreshes
-
-    @property
-    def routing_failures(self) -> int:
-        """Publishes refused for lack of a usable route."""
-        return self._router.routing_failures
-
-    @property
-    def metadata_version(self) -> int | None:
-        table = self._router.cache.table
-        return None if table is None else table.metadata_version
-
-
-def _fatal(exc: BaseException) -> bool:
-    # A wrong password is a ConnectionError subclass, but retrying cannot fix it.
-    return isinstance(exc, redis.exceptions.AuthenticationError)

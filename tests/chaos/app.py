@@ -15,6 +15,10 @@ nanoseconds, which every process on the machine shares.
   handler run that finished (a run killed half-way is not "handled").
 * ``A member epoch pid t shards`` when shards are assigned (for reading the
   records by hand; the checks do not need it).
+
+With ``SKC_IDEMPOTENT=1`` the listener is idempotent and each handled entry
+stages ``HINCRBY {<shard key>}:applied <seq> 1``: the harness reads these
+counters at the end, and any above 1 is a duplicate effect.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ class Recorder:
 
 recorder = Recorder(os.environ["SKC_RECORD"])
 work_s = float(os.environ.get("SKC_WORK_MS", "2")) / 1000
+idempotent = os.environ.get("SKC_IDEMPOTENT") == "1"
 
 app = StreamKit(read_observer=recorder)
 
@@ -91,9 +96,12 @@ app = StreamKit(read_observer=recorder)
     batch_size=int(os.environ.get("SKC_BATCH", "20")),
     block_ms=int(os.environ.get("SKC_BLOCK_MS", "500")),
     lifecycle=recorder,
+    idempotent=idempotent,
 )
 async def handle(msg: Message) -> None:
     t0 = time.monotonic_ns()
     await anyio.sleep(work_s)
+    if idempotent:
+        msg.effects.hincrby(msg.effects.key("applied"), msg.fields["seq"], 1)
     recorder.handled(msg, t0)
     await msg.ack()

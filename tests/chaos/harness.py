@@ -17,11 +17,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamkit.scripts import slot_key
 from streamkit.testing.coordinator import TEST_ADMIN_PASSWORD, TEST_ADMIN_USERNAME
 
 from . import checks
 from .faults import Chaos, schedule
-from .topology import Topology
+from .topology import Topology, direct
 
 log = logging.getLogger("chaos")
 
@@ -41,6 +42,12 @@ class Result:
     workdir: Path
     notes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    #: Idempotent mode: seq -> how often its staged effect was applied (None: plain mode).
+    effects: dict[int, int] | None = None
+
+    @property
+    def duplicate_effects(self) -> int:
+        return sum(n - 1 for n in (self.effects or {}).values() if n > 1)
 
     def row(self) -> str:
         v = self.verdict
@@ -63,6 +70,11 @@ class Result:
             + (", ".join(f"{reason} {n}" for reason, n in v.duplicates.most_common()) or "none")
         )
         lines.append(f"  reads ending after their lease (paused processes): {v.late_ends}")
+        if self.effects is not None:
+            lines.append(
+                f"  idempotent mode: {len(self.effects)} seqs with an effect, "
+                f"{self.duplicate_effects} duplicate effects"
+            )
         if v.lost:
             lines.append(f"  LOST seqs: {v.lost[:30]}")
         for a, b in v.overlaps[:10]:
@@ -90,8 +102,10 @@ async def run(
     consumers: int = 3,
     rate: float = 40.0,
     repeat: bool = True,
+    idempotent: bool = False,
 ) -> Result:
-    """One run; ``repeat=False`` injects every fault kind exactly once."""
+    """One run; ``repeat=False`` injects every fault kind exactly once;
+    ``idempotent``: idempotent publishes and listener, effects counted."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"streamkit-chaos-{seed}-"))
     workdir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -104,6 +118,7 @@ async def run(
         "STREAMKIT_REDIS_CONNECT_TIMEOUT": "2.0",
         "SKC_PREFIX": prefix,
         "SKC_GROUP": group,
+        "SKC_IDEMPOTENT": "1" if idempotent else "0",
     }
     top = Topology(
         workdir,
@@ -155,10 +170,26 @@ async def run(
             workdir,
             chaos.notes,
             chaos.skipped,
+            await _effects(top) if idempotent else None,
         )
     finally:
         with contextlib.suppress(Exception):
             await top.close()
+
+
+async def _effects(top: Topology) -> dict[int, int]:
+    """seq -> times its effect was applied, summed over the shards' counters."""
+    assert top.primary is not None
+    client = direct(top.primary)
+    try:
+        applied: Counter[int] = Counter()
+        for shard in range(top.shards):
+            counts = await client.hgetall(slot_key(f"{top.prefix}:{shard}", "applied"))
+            for seq, n in counts.items():
+                applied[int(seq)] += int(n)
+        return dict(applied)
+    finally:
+        await client.aclose()
 
 
 async def _drain(top: Topology, chaos: Chaos) -> None:

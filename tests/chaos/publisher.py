@@ -5,7 +5,9 @@ Publishes entries numbered ``seq`` = 0, 1, 2, ... over ``SKC_KEYS`` partition
 keys at ``SKC_RATE`` per second through a real ``Publisher``, and writes
 ``P seq key shard entry_id t`` to ``SKC_RECORD`` once Redis accepted an entry.
 A failed publish is retried with the same ``seq`` until it succeeds (a retry
-whose first attempt did land is a duplicate, never a gap).  A restarted
+whose first attempt did land is a duplicate, never a gap; with
+``SKC_IDEMPOTENT=1`` every publish carries the idempotency id ``seq-<seq>``,
+so such a retry returns the first entry instead).  A restarted
 publisher goes on after the last ``seq`` its record file holds.
 """
 
@@ -44,6 +46,7 @@ async def main() -> None:
     record = Path(os.environ["SKC_RECORD"])
     rate = float(os.environ.get("SKC_RATE", "50"))
     keys = int(os.environ.get("SKC_KEYS", "16"))
+    idempotent = os.environ.get("SKC_IDEMPOTENT") == "1"
     seq = next_seq(record)
     stop = anyio.Event()
     out = open_record(record)
@@ -66,7 +69,11 @@ async def main() -> None:
             key = f"k{seq % keys}"
             try:
                 with anyio.fail_after(5):
-                    result = await publisher.publish(key, {"seq": seq, "key": key})
+                    result = await publisher.publish(
+                        key,
+                        {"seq": seq, "key": key},
+                        idempotency_id=f"seq-{seq}" if idempotent else None,
+                    )
             except Exception as exc:  # every failure: retry the same seq
                 failures += 1
                 if failures == 1 or failures % 20 == 0:

@@ -1,0 +1,221 @@
+"""Every Lua script the client runs, in one place, and how it runs them.
+
+Two scripts, each touching the keys of one cluster slot only (the shard
+stream's): keys derived from a shard key with :func:`slot_key` carry the
+shard key as their hash tag, so a script over a shard and its records is
+valid on a Redis Cluster.
+
+* :data:`IDEMPOTENT_XADD`: the publisher's check-and-append.  A dedup record
+  (a hash: idempotency id -> entry id, and a sorted set of the same ids by
+  time, which bounds it) says whether the id was appended already; if so the
+  first entry id is returned and nothing is appended.
+* :data:`COMMIT`: a consumer's marker + ``XACK`` (+ ``XDEL``) + staged
+  effects, after checking the shard's fencing token.  A marker that exists
+  already turns the commit into an ack alone (a duplicate: effects skipped).
+
+Redis scripts are atomic but not transactional: a command that fails half
+way leaves the writes before it.  So each script checks first (fence, marker,
+the type of every key it will write) and writes last, and the writes it does
+cannot fail on a key of the right type except for a counter's value that is
+not a number (docs/consumer.md, "Exactly-once effects").
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any, Final
+
+from redis.exceptions import NoScriptError, ResponseError
+
+from streamkit.connections import AsyncRedis
+from streamkit.routing import redis_cluster_slot
+
+__all__ = [
+    "COMMIT",
+    "FENCED_ERROR",
+    "IDEMPOTENT_XADD",
+    "Script",
+    "is_fenced",
+    "is_noscript",
+    "slot_key",
+]
+
+
+def slot_key(shard_key: str, suffix: str) -> str:
+    """A key in the same cluster slot as ``shard_key``.
+
+    ``{shard_key}:suffix`` for a key without a hash tag (streamkit's shard
+    keys: stream prefixes may not contain braces), ``shard_key:suffix`` for
+    one with a tag (it keeps the tag).
+    """
+    tag_start = shard_key.find("{")
+    tagged = tag_start >= 0 and shard_key.find("}", tag_start + 1) > tag_start + 1
+    key = f"{shard_key}:{suffix}" if tagged else f"{{{shard_key}}}:{suffix}"
+    if redis_cluster_slot(key) != redis_cluster_slot(shard_key):
+        raise ValueError(f"no key in the slot of {shard_key!r} can be derived from it")
+    return key
+
+
+class Script:
+    """A Lua script sent by ``EVALSHA``; ``EVAL`` once after a ``NOSCRIPT``.
+
+    The script is not loaded ahead: the first ``EVALSHA`` on a server that
+    lacks it fails with ``NOSCRIPT`` and the caller sends :meth:`eval_command`
+    instead, which also caches it there (a restart or failover empties the
+    cache, so this can happen at any time).
+    """
+
+    def __init__(self, name: str, source: str) -> None:
+        self.name = name
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def eval_command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+        return ("EVAL", self.source, len(keys), *keys, *args)
+
+    async def run(self, redis: AsyncRedis, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run it once (one round trip, two after a ``NOSCRIPT``)."""
+        try:
+            return await redis.execute_command(*self.command(keys, args))
+        except ResponseError as exc:
+            if not is_noscript(exc):
+                raise
+        return await redis.execute_command(*self.eval_command(keys, args))
+
+
+def is_noscript(reply: object) -> bool:
+    return isinstance(reply, NoScriptError) or (
+        isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
+    )
+
+
+#: The error a commit of a fenced member gets (its token is not the shard's).
+FENCED_ERROR: Final = "STREAMKIT_FENCED"
+
+
+def is_fenced(reply: object) -> bool:
+    return isinstance(reply, ResponseError) and FENCED_ERROR in str(reply)
+
+
+# KEYS: stream, dedup hash (id -> entry id), dedup order (sorted set: id by ms)
+# ARGV: id, window ms, max ids, maxlen ('' = none), then field, value, ...
+# Returns {entry id, 0} when appended, {first entry id, 1} for a repeat, nil
+# when the stream does not exist (NOMKSTREAM: the publisher's stale route).
+IDEMPOTENT_XADD: Final = Script(
+    "idempotent_xadd",
+    """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Expired ids first (a bounded number per call: each call adds one), so a
+-- repeat older than the window is appended again, as documented.
+local old = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[2]),
+                       'LIMIT', 0, 8)
+if #old > 0 then
+  redis.call('ZREM', KEYS[3], unpack(old))
+  redis.call('HDEL', KEYS[2], unpack(old))
+end
+local first = redis.call('HGET', KEYS[2], ARGV[1])
+if first then return {first, 1} end
+local args = {'XADD', KEYS[1], 'NOMKSTREAM'}
+if ARGV[4] ~= '' then
+  args[4] = 'MAXLEN'; args[5] = '~'; args[6] = ARGV[4]
+end
+args[#args + 1] = '*'
+for i = 5, #ARGV do args[#args + 1] = ARGV[i] end
+local id = redis.call(unpack(args))
+if not id then return nil end
+redis.call('HSET', KEYS[2], ARGV[1], id)
+redis.call('ZADD', KEYS[3], now, ARGV[1])
+local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[3])
+if over > 0 then
+  local popped = redis.call('ZPOPMIN', KEYS[3], over)
+  for i = 1, #popped, 2 do redis.call('HDEL', KEYS[2], popped[i]) end
+end
+return {id, 0}
+""",
+)
+
+# KEYS: stream, markers (sorted set: idempotency id by ms), fence, effect keys...
+# ARGV: group, fence token ('' = unchecked), marker ttl ms, max markers,
+#       commit count, then per commit: entry id, idempotency id, 'ack' | 'del',
+#       effect count, then per effect: command, index of its key in KEYS,
+#       argument count, arguments...
+# Returns one reply per commit: 1 (committed), 0 (its marker existed: acked,
+# effects skipped) or a refusal message (an effect on a key of another type:
+# nothing of that commit written); or the FENCED error, nothing written at all.
+# The acks go last, in one XACK: a commit is its effects and its marker, and a
+# lost ack only means a redelivery that the marker answers.
+COMMIT: Final = Script(
+    "commit",
+    """
+if ARGV[2] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[2] then
+  return redis.error_reply('STREAMKIT_FENCED shard fencing token moved on; nothing committed')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]))
+local types = {HINCRBY='hash', HINCRBYFLOAT='hash', HSET='hash', HDEL='hash',
+  INCRBY='string', INCRBYFLOAT='string', SET='string', DEL='', SADD='set', SREM='set',
+  ZADD='zset', ZINCRBY='zset', ZREM='zset', XADD='stream', RPUSH='list', LPUSH='list',
+  PEXPIRE=''}
+local replies, acks, dels = {}, {}, {}
+local i = 6
+for c = 1, tonumber(ARGV[5]) do
+  local entry, idem, how, count = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
+  i = i + 4
+  local effects, refused = {}, nil
+  for n = 1, count do
+    local argc = tonumber(ARGV[i + 2])
+    local call = {ARGV[i], KEYS[tonumber(ARGV[i + 1])]}
+    for j = 1, argc do call[j + 2] = ARGV[i + 2 + j] end
+    effects[n] = call
+    i = i + 3 + argc
+  end
+  if redis.call('ZSCORE', KEYS[2], idem) then
+    replies[c] = 0
+  else
+    -- Check every effect before writing anything: the type each key will
+    -- have once the effects before it ran (an earlier one may create it).
+    local planned = {}
+    for n = 1, #effects do
+      local cmd, key = effects[n][1], effects[n][2]
+      local want = types[cmd]
+      if want == nil then
+        refused = 'ERR effect command not allowed: ' .. cmd
+        break
+      elseif cmd == 'DEL' then
+        planned[key] = 'none'
+      elseif want ~= '' then
+        local have = planned[key] or redis.call('TYPE', key)['ok']
+        if have ~= 'none' and have ~= want then
+          refused = 'WRONGTYPE effect ' .. cmd .. ' on ' .. key .. ', a ' .. have ..
+                    '; nothing committed'
+          break
+        end
+        planned[key] = want
+      end
+    end
+    if refused then
+      replies[c] = refused
+    else
+      for n = 1, #effects do redis.call(unpack(effects[n])) end
+      redis.call('ZADD', KEYS[2], now, idem)
+      replies[c] = 1
+    end
+  end
+  if not refused then
+    acks[#acks + 1] = entry
+    if how == 'del' then dels[#dels + 1] = entry end
+  end
+end
+local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
+if over > 0 then redis.call('ZPOPMIN', KEYS[2], over) end
+if #acks > 0 then redis.call('XACK', KEYS[1], ARGV[1], unpack(acks)) end
+if #dels > 0 then redis.call('XDEL', KEYS[1], unpack(dels)) end
+return replies
+""",
+)
