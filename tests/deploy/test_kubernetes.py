@@ -25,7 +25,10 @@ ROOT = Path(__file__).parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
 #: The Kubernetes version whose schemas the manifests are checked against.
 K8S_VERSION = "1.30"
-_KEDA_KINDS = {"ScaledObject": keda.ScaledObject, "TriggerAuthentication": keda.TriggerAuthentication}
+_KEDA_KINDS = {
+    "ScaledObject": keda.ScaledObject,
+    "TriggerAuthentication": keda.TriggerAuthentication,
+}
 
 
 def manifest_files() -> list[Path]:
