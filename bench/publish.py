@@ -57,6 +57,7 @@ from contextlib import ExitStack
 import httpx
 from consume import REPLY_PARSER
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from prometheus_client import CollectorRegistry
 
 from streamkit.observability.metrics import PrometheusMiddleware
@@ -245,6 +246,17 @@ async def bench(
     )
     observed.tracer = sdk.get_tracer("streamkit")
     await observed.start()
+    # What a high-volume service runs: the SDK sampling 1 % of the traces at
+    # the head (every entry still carries a traceparent, flags 00 mostly).
+    one_percent = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
+    sampled = Publisher(
+        PREFIX,
+        GROUP,
+        settings=settings,
+        middlewares=[PrometheusMiddleware(CollectorRegistry()), TracingMiddleware()],
+    )
+    sampled.tracer = one_percent.get_tracer("streamkit")
+    await sampled.start()
     # The same middlewares without an SDK (the API's no-op): an app that only
     # wants metrics.
     metered = Publisher(
@@ -264,11 +276,13 @@ async def bench(
         "single  publisher.publish": publisher_single(pub),
         "single  publish, metrics+tracing": publisher_single(observed),
         "single  publish, metrics+tracing API": publisher_single(metered),
+        "single  publish, metrics+tracing 1%": publisher_single(sampled),
         "batched raw, pipeline per shard": raw_per_shard(raw),
         "batched raw, one pipeline": raw_one_pipeline(raw),
         "batched publisher.publish_many": publisher_batched(pub),
         "batched publish_many, metrics+tracing": publisher_batched(observed),
         "batched publish_many, metrics+tracing API": publisher_batched(metered),
+        "batched publish_many, metrics+tracing 1%": publisher_batched(sampled),
         "single  publisher, coalescing off": publisher_single(plain),
     }
     for size in BATCH_SIZES:
@@ -308,6 +322,7 @@ async def bench(
         await pub.aclose()
         await observed.aclose()
         await metered.aclose()
+        await sampled.aclose()
         await plain.aclose()
         await raw.aclose()
         await raw_timed.aclose()
@@ -368,6 +383,15 @@ async def bench(
             f"{tasks:>3} tasks publisher.publish",
             f"{tasks:>3} tasks publisher, coalescing off",
         )
+    # Tracing's cost (with --only too, when the modes ran): the SDK sampling 1 %
+    # and recording every span, against the same publisher without middlewares.
+    for mode in ("single  publish", "batched publish_many"):
+        off = "single  publisher.publish" if mode.startswith("single") else (
+            "batched publisher.publish_many")  # fmt: skip
+        ratio(f"{mode.split()[0]}: metrics+tracing (SDK 1 %) / off", f"{mode}, metrics+tracing 1%",
+              off)  # fmt: skip
+        ratio(f"{mode.split()[0]}: metrics+tracing (SDK all) / off", f"{mode}, metrics+tracing",
+              off)  # fmt: skip
     if only:
         return
     single = best["single  publisher.publish"] / best["single  raw xadd"]

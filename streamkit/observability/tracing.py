@@ -19,20 +19,25 @@ entry instead, for a sampler that decides on consumer spans by itself.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import time
+from contextvars import ContextVar
 from typing import Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
 from streamkit.middleware import BatchContext, BatchNext, ConsumeContext, ConsumeNext, Middleware
 from streamkit.results import ConsumeResult
 
 __all__ = ["TracingMiddleware", "parent_context"]
+
+log = logging.getLogger("streamkit.observability.tracing")
 
 _NO_PROVIDER: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _RECHECK_S: Final = 1.0
@@ -44,6 +49,26 @@ _UNSAMPLED: Final = re.compile(rb"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}
 _FLAGS: Final = tuple(trace.TraceFlags(flags) for flags in range(256))
 # The key under which the API keeps the current span, learnt through the API.
 _SPAN_KEY: Final = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, Context())))
+
+
+def _current_context_var() -> ContextVar[Context] | None:
+    """The ``ContextVar`` behind the API's current context, or None.
+
+    ``attach``/``detach``/``get_current`` are three wrapper calls around one
+    ``ContextVar`` operation each, and they ran per handled entry: about a
+    quarter of what the common (sampled-out) path cost.  Only the API's
+    default runtime context (``contextvars_context``, the one every SDK
+    uses) is bypassed this way; another one, chosen with
+    ``OTEL_PYTHON_CONTEXT``, keeps going through the API.
+    """
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    if type(runtime) is not ContextVarsRuntimeContext:
+        return None
+    var = getattr(runtime, "_current_context", None)
+    return var if isinstance(var, ContextVar) else None
+
+
+_CURRENT: Final = _current_context_var()
 
 
 class _UnsampledParent(NonRecordingSpan):
@@ -159,15 +184,38 @@ class TracingMiddleware(Middleware):
         return self._active
 
     async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
-        if not self._tracing():
+        if not (self._explicit or self._tracing()):
             return await call_next()
+        field = self._field
+        var = _CURRENT
+        if field is not None and var is not None and self.follow_parent_sampling:
+            # The common case of a producer sampling at the head, kept lean:
+            # no span, no SDK call, the producer's context parsed only if the
+            # handler asks, and the ContextVar set directly (see
+            # _current_context_var); inline, as every call here is per entry.
+            raw = ctx.message.raw_fields.get(field)
+            if type(raw) is bytes and _UNSAMPLED.fullmatch(raw) is not None:
+                base = var.get()
+                parent = _UnsampledParent(raw)
+                token = var.set(
+                    Context({**base, _SPAN_KEY: parent}) if base else Context({_SPAN_KEY: parent})
+                )
+                try:
+                    return await call_next()
+                finally:
+                    try:
+                        var.reset(token)
+                    except ValueError:  # what the API's detach tolerates (and logs)
+                        log.exception("failed to restore the tracing context")
+        return await self._consume(ctx, call_next)
+
+    async def _consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
+        """Every other entry: sampled, without a ``traceparent``, or another runtime context."""
         message = ctx.message
         parent = None
         if self._field is not None:
             raw = message.raw_fields.get(self._field)
             if self.follow_parent_sampling:
-                # The common case of a sampling producer, kept lean: no span,
-                # the producer's context parsed only if the handler asks.
                 unsampled = _unsampled_parent(raw)
                 if unsampled is not None:
                     token = otel_context.attach(_with_parent(unsampled))

@@ -71,3 +71,56 @@ def test_the_parent_context_is_what_the_api_builds() -> None:
             assert baggage.get_all(built) == baggage.get_all(base)
         finally:
             otel_context.detach(token)
+
+
+async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context() -> None:
+    """TracingMiddleware sets the API's ContextVar itself on the common path:
+    the handler sees what ``attach`` would give it, with baggage kept, no span
+    is started, and the caller's context is back afterwards."""
+    from opentelemetry import baggage
+    from opentelemetry import context as otel_context
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from streamkit.consumer.message import Message
+    from streamkit.middleware import ConsumeContext
+    from streamkit.observability import tracing
+    from streamkit.results import ConsumeResult
+
+    assert tracing._CURRENT is not None  # the default runtime context: the fast path is on
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    middleware = tracing.TracingMiddleware(tracer=provider.get_tracer("t"))
+
+    class Sink:
+        stream_key, consumer_group, member_id = "s:0", "g", "m"
+
+    raw = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-00"
+    message = Message(Sink(), 0, b"1-1", {b"traceparent": raw})
+    seen: dict[str, object] = {}
+
+    async def handler() -> ConsumeResult:
+        span = trace.get_current_span()
+        seen["context"] = span.get_span_context()
+        seen["recording"] = span.is_recording()
+        seen["tenant"] = baggage.get_baggage("tenant")
+        return ConsumeResult(None, None, 0.0, message)
+
+    token = otel_context.attach(baggage.set_baggage("tenant", "t1"))
+    try:
+        before = otel_context.get_current()
+        await middleware.consume(ConsumeContext(message, "s", "g", "m"), handler)
+        assert otel_context.get_current() is before
+    finally:
+        otel_context.detach(token)
+    assert seen["context"] == _remote_span_context(raw)
+    assert seen["recording"] is False and seen["tenant"] == "t1"
+    assert exporter.get_finished_spans() == ()
+    # A sampled producer still gets its consumer span, through the full path.
+    sampled = Message(Sink(), 0, b"1-2", {b"traceparent": raw[:-2] + b"01"})
+    await middleware.consume(ConsumeContext(sampled, "s", "g", "m"), handler)
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is not None and span.parent.span_id == int("b" * 16, 16)
+    assert seen["recording"] is True
