@@ -23,8 +23,8 @@ import logging
 import math
 import re
 import time
-from contextvars import ContextVar
-from typing import Final
+from contextvars import ContextVar, Token
+from typing import TYPE_CHECKING, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -32,8 +32,11 @@ from opentelemetry.context import Context
 from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
-from streamkit.middleware import BatchContext, BatchNext, ConsumeContext, ConsumeNext, Middleware
+from streamkit.middleware import BatchContext, BatchNext, Middleware
 from streamkit.results import ConsumeResult
+
+if TYPE_CHECKING:
+    from streamkit.consumer.message import Message
 
 __all__ = ["TracingMiddleware", "parent_context"]
 
@@ -69,6 +72,33 @@ def _current_context_var() -> ContextVar[Context] | None:
 
 
 _CURRENT: Final = _current_context_var()
+# The bound reset of that ContextVar (None: the API path is used throughout).
+_reset: Final = _CURRENT.reset if _CURRENT is not None else None
+
+
+class _Scope:
+    """What ``enter_consume`` set up through the API: a span (or None) and the
+    API's context token."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: trace.Span | None, token: object) -> None:
+        self.span = span
+        self.token = token
+
+    def close(self, result: ConsumeResult | None) -> None:
+        span = self.span
+        try:
+            if span is not None and result is not None and span.is_recording():
+                span.set_attribute("streamkit.outcome", result.outcome.value)
+                if result.error is not None:
+                    span.record_exception(result.error)
+                if result.decision is not None:
+                    span.set_status(Status(StatusCode.ERROR, result.decision.error))
+        finally:
+            otel_context.detach(self.token)  # type: ignore[arg-type]
+            if span is not None:
+                span.end()
 
 
 class _UnsampledParent(NonRecordingSpan):
@@ -183,89 +213,76 @@ class TracingMiddleware(Middleware):
             self._recheck_at = now + _RECHECK_S
         return self._active
 
-    async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
-        if not (self._explicit or self._tracing()):
-            return await call_next()
+    # Per entry: inline hooks, not a ``consume`` level (see streamkit.middleware):
+    # the level's context object, partials and coroutine cost more than the
+    # sampled-out case itself.
+
+    def enter_consume(
+        self, message: Message, stream_prefix: str, consumer_group: str, member_id: str
+    ) -> object:
         field = self._field
         var = _CURRENT
         if field is not None and var is not None and self.follow_parent_sampling:
             # The common case of a producer sampling at the head, kept lean:
             # no span, no SDK call, the producer's context parsed only if the
             # handler asks, and the ContextVar set directly (see
-            # _current_context_var); inline, as every call here is per entry.
-            raw = ctx.message.raw_fields.get(field)
+            # _current_context_var).  The token is the ContextVar's own.
+            raw = message.raw_fields.get(field)
             if type(raw) is bytes and _UNSAMPLED.fullmatch(raw) is not None:
                 base = var.get()
                 parent = _UnsampledParent(raw)
-                token = var.set(
+                return var.set(
                     Context({**base, _SPAN_KEY: parent}) if base else Context({_SPAN_KEY: parent})
                 )
-                try:
-                    return await call_next()
-                finally:
-                    try:
-                        var.reset(token)
-                    except ValueError:  # what the API's detach tolerates (and logs)
-                        log.exception("failed to restore the tracing context")
-        return await self._consume(ctx, call_next)
+        return self._enter(message, stream_prefix, consumer_group, member_id)
 
-    async def _consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
+    def exit_consume(self, token: object, result: ConsumeResult | None) -> None:
+        if type(token) is Token:
+            try:
+                _reset(token)
+            except ValueError:  # what the API's detach tolerates (and logs)
+                log.exception("failed to restore the tracing context")
+        elif type(token) is _Scope:
+            token.close(result)
+
+    def _enter(
+        self, message: Message, stream_prefix: str, consumer_group: str, member_id: str
+    ) -> _Scope:
         """Every other entry: sampled, without a ``traceparent``, or another runtime context."""
-        message = ctx.message
         parent = None
         if self._field is not None:
             raw = message.raw_fields.get(self._field)
             if self.follow_parent_sampling:
                 unsampled = _unsampled_parent(raw)
                 if unsampled is not None:
-                    token = otel_context.attach(_with_parent(unsampled))
-                    try:
-                        return await call_next()
-                    finally:
-                        otel_context.detach(token)
+                    return _Scope(None, otel_context.attach(_with_parent(unsampled)))
             remote = _remote_span_context(raw)
             if remote is not None:
                 parent = trace.set_span_in_context(NonRecordingSpan(remote))
                 if self.follow_parent_sampling and not remote.trace_flags.sampled:
-                    token = otel_context.attach(parent)
-                    try:
-                        return await call_next()
-                    finally:
-                        otel_context.detach(token)
+                    return _Scope(None, otel_context.attach(parent))
         # Attributes given at the start: an SDK span takes its lock once for
         # them, instead of once per set_attribute call.  start_span and a
         # context token rather than start_as_current_span: that one stacks
         # three generator context managers per entry.
         span = self.tracer.start_span(
-            f"process {ctx.stream_prefix}",
+            f"process {stream_prefix}",
             context=parent,
             kind=SpanKind.CONSUMER,
             attributes={
                 "messaging.system": "redis",
                 "messaging.operation.type": "process",
                 "messaging.destination.name": message.stream_key,
-                "messaging.consumer.group.name": ctx.consumer_group,
+                "messaging.consumer.group.name": consumer_group,
                 "messaging.message.id": message.id,
                 "streamkit.shard_index": message.shard,
-                "streamkit.member_id": ctx.member_id,
+                "streamkit.member_id": member_id,
                 "streamkit.delivery_count": message.delivery_count,
             },
             record_exception=False,
             set_status_on_exception=False,
         )
-        token = otel_context.attach(trace.set_span_in_context(span))
-        try:
-            result = await call_next()
-            if span.is_recording():
-                span.set_attribute("streamkit.outcome", result.outcome.value)
-                if result.error is not None:
-                    span.record_exception(result.error)
-                if result.decision is not None:
-                    span.set_status(Status(StatusCode.ERROR, result.decision.error))
-            return result
-        finally:
-            otel_context.detach(token)
-            span.end()
+        return _Scope(span, otel_context.attach(trace.set_span_in_context(span)))
 
     async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:
         if not self._tracing():
