@@ -191,6 +191,8 @@ class TracingMiddleware(Middleware):
         self._field = field.encode() if field else None
         self._active = self._explicit
         self._recheck_at = -math.inf
+        # (traceparent, base context, context built): see enter_consume.
+        self._last: tuple[object, object, Context] = (None, None, Context())
 
     @property
     def active(self) -> bool:  # type: ignore[override]
@@ -228,12 +230,20 @@ class TracingMiddleware(Middleware):
             # handler asks, and the ContextVar set directly (see
             # _current_context_var).  The token is the ContextVar's own.
             raw = message.raw_fields.get(field)
+            base = var.get()
+            last = self._last
+            # Entries of one publish_many share their traceparent: the last
+            # context built is reused (a Context is immutable) when the value
+            # and the surrounding context are the same.
+            if raw == last[0] and base is last[1]:
+                return var.set(last[2])
             if type(raw) is bytes and _UNSAMPLED.fullmatch(raw) is not None:
-                base = var.get()
                 parent = _UnsampledParent(raw)
-                return var.set(
+                built = (
                     Context({**base, _SPAN_KEY: parent}) if base else Context({_SPAN_KEY: parent})
                 )
+                self._last = (raw, base, built)
+                return var.set(built)
         return self._enter(message, stream_prefix, consumer_group, member_id)
 
     def exit_consume(self, token: object, result: ConsumeResult | None) -> None:

@@ -125,6 +125,13 @@ async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context
         otel_context.detach(token)
     assert seen["context"] == _remote_span_context(raw)
     assert seen["recording"] is False and seen["tenant"] == "t1"
+    # The next entry of the same publish_many (same value): the same context,
+    # reused; then another producer's: its own; then the first again, now
+    # outside the baggage context (the reuse also keys on the context around).
+    other = b"00-" + b"c" * 32 + b"-" + b"d" * 16 + b"-00"
+    for value, tenant in ((raw, None), (other, None)):
+        await invoker.invoke(Message(Sink(), 0, b"1-3", {b"traceparent": value}))
+        assert seen["context"] == _remote_span_context(value) and seen["tenant"] == tenant
     assert exporter.get_finished_spans() == ()
     # A sampled producer still gets its consumer span, through the full path.
     sampled = Message(Sink(), 0, b"1-2", {b"traceparent": raw[:-2] + b"01"})
