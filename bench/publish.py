@@ -392,6 +392,18 @@ async def bench(
               off)  # fmt: skip
         ratio(f"{mode.split()[0]}: metrics+tracing (SDK all) / off", f"{mode}, metrics+tracing",
               off)  # fmt: skip
+    # CPU per message is steadier than msgs/s on a shared machine (a round
+    # trip here is hundreds of µs, the tracing cost a few): with --only too.
+    sent_all = n * rounds
+    for mode in ("single  publish", "batched publish_many"):
+        off = "single  publisher.publish" if mode.startswith("single") else (
+            "batched publisher.publish_many")  # fmt: skip
+        for suffix in ("metrics+tracing 1%", "metrics+tracing"):
+            on = f"{mode}, {suffix}"
+            if on in cpu and off in cpu:
+                off_us, on_us = cpu[off] / sent_all * 1e6, cpu[on] / sent_all * 1e6
+                print(f"  CPU per message {on:<44}{on_us:>7.1f} µs (off {off_us:.1f})"
+                      f"  off / on = {off_us / on_us:.0%}")  # fmt: skip
     if only:
         return
     single = best["single  publisher.publish"] / best["single  raw xadd"]

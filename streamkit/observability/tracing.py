@@ -72,8 +72,6 @@ def _current_context_var() -> ContextVar[Context] | None:
 
 
 _CURRENT: Final = _current_context_var()
-# The bound reset of that ContextVar (None: the API path is used throughout).
-_reset: Final = _CURRENT.reset if _CURRENT is not None else None
 
 
 class _Scope:
@@ -249,7 +247,7 @@ class TracingMiddleware(Middleware):
     def exit_consume(self, token: object, result: ConsumeResult | None) -> None:
         if type(token) is Token:
             try:
-                _reset(token)
+                _CURRENT.reset(token)  # type: ignore[union-attr]  # only the fast path makes one
             except ValueError:  # what the API's detach tolerates (and logs)
                 log.exception("failed to restore the tracing context")
         elif type(token) is _Scope:
