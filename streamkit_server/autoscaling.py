@@ -23,7 +23,7 @@ from streamkit_server.core.autoscaling import GroupSample, ShardSample, recommen
 from streamkit_server.core.model import GroupMetadata
 from streamkit_server.detail_gauges import DetailGauges
 from streamkit_server.service import CoordinatorService, now_ms
-from streamkit_server.store import RedisClient
+from streamkit_server.store import RedisClient, StoreError
 
 __all__ = ["WINDOW_MS", "LagHistory", "LagSampler", "read_sample"]
 
@@ -138,9 +138,17 @@ class LagSampler:
 
     async def pass_once(self) -> None:
         seen: set[tuple[str, str]] = set()
-        for group in await self.service.list_groups():
-            seen.add((group.stream_prefix, group.consumer_group))
-            await self.sample(group)
+        store = self.service.store
+        for prefix, name in await store.indexed_groups():
+            if self.service.gate.terminating:
+                return
+            seen.add((prefix, name))
+            try:
+                loaded = await store.load(self.service.keys(prefix, name))
+                if loaded is not None:
+                    await self.sample(loaded.group)
+            except StoreError as exc:  # one unreadable group must not stop the others
+                log.debug("not sampling %s/%s: %s", prefix, name, exc)
         self.history.forget_except(seen)
 
     async def run(self) -> None:
@@ -149,6 +157,8 @@ class LagSampler:
                 await self.pass_once()
             except (RedisError, OSError) as exc:  # the next pass retries
                 log.warning("lag sampling failed: %s", exc)
+            except Exception:  # a bug must not end the sampling for good
+                log.exception("lag sampling failed")
             await asyncio.sleep(self.interval_s)
 
     def start(self) -> None:
