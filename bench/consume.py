@@ -324,6 +324,15 @@ def observability_stacks() -> dict[str, list[Middleware]]:
     own = TracerProvider(sampler=TraceIdRatioBased(0.01))
     return {
         "middlewares off": [],
+        # Tracing's own cost, apart from the metrics: the same SDK set-ups
+        # without PrometheusMiddleware, against "off".
+        "metrics only": [PrometheusMiddleware(CollectorRegistry())],
+        "tracing only (SDK, 1% at producer)": [
+            TracingMiddleware(tracer=sampled.get_tracer("streamkit"))
+        ],
+        "tracing only (SDK, all spans)": [
+            TracingMiddleware(tracer=sdk.get_tracer("streamkit"), follow_parent_sampling=False)
+        ],
         "metrics + tracing (API only)": [
             PrometheusMiddleware(CollectorRegistry()),
             TracingMiddleware(),

@@ -30,12 +30,12 @@ from functools import partial
 from consume import head_sampled_traceparent, observability_stacks
 from prometheus_client import CollectorRegistry
 
+from streamkit.consumer.invoke import Invoker
 from streamkit.consumer.message import Message
+from streamkit.consumer.options import PollerOptions
 from streamkit.middleware import (
     Chain,
-    ConsumeContext,
     ConsumeResult,
-    Levels,
     Middleware,
     ReadContext,
 )
@@ -72,22 +72,22 @@ def entries(n: int) -> list[Message]:
 
 
 async def run(stack: list[Middleware], messages: list[Message], batch: int) -> float:
-    """The poller's use of the chains (``Invoker.begin_read``, the dispatcher, ``invoke``)."""
-    consume: Chain[ConsumeContext, ConsumeResult] = Chain(stack, "consume")
-    read: Chain[ReadContext, list[ConsumeResult]] = Chain(stack, "consume_read")
+    """The poller's use of the middlewares: the dispatcher's ``consume_read``
+    levels per read, and the real ``Invoker`` per entry (its ``consume``
+    levels and inline ``enter_consume``/``exit_consume`` hooks)."""
+    async def handler(message: Message) -> None:
+        pass
 
-    async def handler(message: Message) -> ConsumeResult:
-        return ConsumeResult(None, None, 0.00002, message)
+    invoker = Invoker(
+        stream_prefix="bench", consumer_group="group", member_id="member-1",
+        options=PollerOptions(), handler=handler, batch_handler=None, middlewares=stack,
+    )  # fmt: skip
 
     async def handle_read(
-        chunk: list[Message], levels: Levels, results: list[ConsumeResult] | None
+        chunk: list[Message], results: list[ConsumeResult] | None
     ) -> list[ConsumeResult]:
         for message in chunk:
-            if levels:
-                ctx = ConsumeContext(message, "bench", "group", "member-1")
-                result = await Chain.run(levels, ctx, partial(handler, message))
-            else:
-                result = await handler(message)
+            result = await invoker.invoke(message)
             if results is not None:
                 results.append(result)
         return results if results is not None else []
@@ -95,13 +95,12 @@ async def run(stack: list[Middleware], messages: list[Message], batch: int) -> f
     started = time.process_time()
     for index in range(0, len(messages), batch):
         chunk = messages[index : index + batch]
-        consume_levels = consume.active_levels()
-        read_levels = read.active_levels()
+        read_levels = invoker.begin_read()
         if read_levels:
             ctx = ReadContext(chunk, "bench", "group", "member-1")
-            await Chain.run(read_levels, ctx, partial(handle_read, chunk, consume_levels, []))
+            await Chain.run(read_levels, ctx, partial(handle_read, chunk, []))
         else:
-            await handle_read(chunk, consume_levels, None)
+            await handle_read(chunk, None)
     return (time.process_time() - started) / len(messages) * 1e6
 
 

@@ -61,6 +61,7 @@ from contextlib import ExitStack
 import httpx
 from consume import REPLY_PARSER
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from prometheus_client import CollectorRegistry
 
 from streamkit.observability.metrics import PrometheusMiddleware
@@ -249,6 +250,17 @@ async def bench(
     )
     observed.tracer = sdk.get_tracer("streamkit")
     await observed.start()
+    # What a high-volume service runs: the SDK sampling 1 % of the traces at
+    # the head (every entry still carries a traceparent, flags 00 mostly).
+    one_percent = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
+    sampled = Publisher(
+        PREFIX,
+        GROUP,
+        settings=settings,
+        middlewares=[PrometheusMiddleware(CollectorRegistry()), TracingMiddleware()],
+    )
+    sampled.tracer = one_percent.get_tracer("streamkit")
+    await sampled.start()
     # The same middlewares without an SDK (the API's no-op): an app that only
     # wants metrics.
     metered = Publisher(
@@ -270,11 +282,13 @@ async def bench(
         "single  publisher.publish": publisher_single(pub),
         "single  publish, metrics+tracing": publisher_single(observed),
         "single  publish, metrics+tracing API": publisher_single(metered),
+        "single  publish, metrics+tracing 1%": publisher_single(sampled),
         "batched raw, pipeline per shard": raw_per_shard(raw),
         "batched raw, one pipeline": raw_one_pipeline(raw),
         "batched publisher.publish_many": publisher_batched(pub),
         "batched publish_many, metrics+tracing": publisher_batched(observed),
         "batched publish_many, metrics+tracing API": publisher_batched(metered),
+        "batched publish_many, metrics+tracing 1%": publisher_batched(sampled),
         "single  publisher, coalescing off": publisher_single(plain),
         "single  publish, idempotent": publisher_single(idem),
         "batched publish_many, idempotent": publisher_batched(idem),
@@ -317,6 +331,7 @@ async def bench(
         await pub.aclose()
         await observed.aclose()
         await metered.aclose()
+        await sampled.aclose()
         await plain.aclose()
         await idem.aclose()
         await raw.aclose()
@@ -386,6 +401,27 @@ async def bench(
         if on in best and off in best:  # cost per entry: time ratio = inverse rate ratio
             print(f"  {label + ': idempotent / plain publish, time per entry':<58} = "
                   f"{best[off] / best[on]:.2f}x")  # fmt: skip
+    # Tracing's cost (with --only too, when the modes ran): the SDK sampling 1 %
+    # and recording every span, against the same publisher without middlewares.
+    for mode in ("single  publish", "batched publish_many"):
+        off = "single  publisher.publish" if mode.startswith("single") else (
+            "batched publisher.publish_many")  # fmt: skip
+        ratio(f"{mode.split()[0]}: metrics+tracing (SDK 1 %) / off", f"{mode}, metrics+tracing 1%",
+              off)  # fmt: skip
+        ratio(f"{mode.split()[0]}: metrics+tracing (SDK all) / off", f"{mode}, metrics+tracing",
+              off)  # fmt: skip
+    # CPU per message is steadier than msgs/s on a shared machine (a round
+    # trip here is hundreds of µs, the tracing cost a few): with --only too.
+    sent_all = n * rounds
+    for mode in ("single  publish", "batched publish_many"):
+        off = "single  publisher.publish" if mode.startswith("single") else (
+            "batched publisher.publish_many")  # fmt: skip
+        for suffix in ("metrics+tracing 1%", "metrics+tracing"):
+            on = f"{mode}, {suffix}"
+            if on in cpu and off in cpu:
+                off_us, on_us = cpu[off] / sent_all * 1e6, cpu[on] / sent_all * 1e6
+                print(f"  CPU per message {on:<44}{on_us:>7.1f} µs (off {off_us:.1f})"
+                      f"  off / on = {off_us / on_us:.0%}")  # fmt: skip
     if only:
         return
     single = best["single  publisher.publish"] / best["single  raw xadd"]

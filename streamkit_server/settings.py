@@ -275,6 +275,25 @@ class ServerSettings(BaseSettings):
             "credentials; loopback addresses only (see [Metrics](#metrics))."
         ),
     )
+    # Per-shard and per-member families on /metrics keep at most this many
+    # series each (detail_gauges.py): the most severe ones.
+    metrics_series_cap: int = Field(
+        default=2_000,
+        ge=0,
+        description=(
+            "Series each per-shard or per-member metric family keeps at most (0: none); "
+            "see [Metrics](#metrics)."
+        ),
+    )
+    lag_sample_interval_ms: int = Field(
+        default=15_000,
+        ge=0,
+        description=(
+            "How often every group's shard lag and pending counts are read from Redis "
+            "(`XINFO GROUPS`, pipelined) for the per-shard gauges and the throughput of "
+            "[autoscaling](#autoscaling) (0: only when the autoscaling endpoint is called)."
+        ),
+    )
     log_level: str = Field(
         "info",
         description="Log level of the coordinator and of uvicorn.",

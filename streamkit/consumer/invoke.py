@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from functools import partial
 
 from streamkit.consumer.handlers import BatchHandler, Handler
@@ -26,6 +26,7 @@ from streamkit.middleware import (
     Levels,
     Middleware,
     ReadContext,
+    inline_hooks,
 )
 from streamkit.results import Action, ConsumeResult, Decision
 
@@ -71,6 +72,10 @@ class Invoker:
         )
         # Which per-entry levels are active, taken once per read (begin_read).
         self._consume_levels: Levels = self._consume_chain.active_levels()
+        # Per-entry inline hooks (enter_consume / exit_consume), per-entry
+        # handlers only; the active ones, also taken once per read.
+        self._all_hooks = inline_hooks(middlewares) if handler is not None else ()
+        self._hooks: tuple[Middleware, ...] = tuple(m for m in self._all_hooks if m.active)
 
     def begin_read(self) -> Levels:
         """A read is about to be handled: take the active middleware levels.
@@ -80,6 +85,8 @@ class Invoker:
         is read once per read, not per entry.
         """
         self._consume_levels = self._consume_chain.active_levels()
+        if self._all_hooks:
+            self._hooks = tuple(m for m in self._all_hooks if m.active)
         return self._read_chain.active_levels()
 
     def read_context(self, messages: list[Message]) -> ReadContext:
@@ -89,10 +96,47 @@ class Invoker:
         """Run the handler on one message; the result's ``decision`` is None
         when done, else what the policy says."""
         levels = self._consume_levels
+        hooks = self._hooks
+        if not hooks:
+            if not levels:
+                return await self._run_one(message)
+            ctx = ConsumeContext(message, self.stream_prefix, self.consumer_group, self.member_id)
+            return await Chain.run(levels, ctx, partial(self._run_one, message))
+        # Inline hooks around the whole call (outside every consume level).
+        # One hook (tracing) is the case that runs per entry in production:
+        # no token list for it.
+        if len(hooks) == 1:
+            hook = hooks[0]
+            token = hook.enter_consume(
+                message, self.stream_prefix, self.consumer_group, self.member_id
+            )
+            result: ConsumeResult | None = None
+            try:
+                result = await self._levels_and_handler(message, levels)
+                return result
+            finally:
+                hook.exit_consume(token, result)
+        tokens = []
+        result = None
+        try:
+            for hook in hooks:
+                tokens.append(
+                    hook.enter_consume(
+                        message, self.stream_prefix, self.consumer_group, self.member_id
+                    )
+                )
+            result = await self._levels_and_handler(message, levels)
+            return result
+        finally:
+            # Those entered, innermost first.
+            for hook, token in zip(reversed(hooks[: len(tokens)]), reversed(tokens), strict=True):
+                hook.exit_consume(token, result)
+
+    def _levels_and_handler(self, message: Message, levels: Levels) -> Awaitable[ConsumeResult]:
         if not levels:
-            return await self._run_one(message)
+            return self._run_one(message)
         ctx = ConsumeContext(message, self.stream_prefix, self.consumer_group, self.member_id)
-        return await Chain.run(levels, ctx, partial(self._run_one, message))
+        return Chain.run(levels, ctx, partial(self._run_one, message))
 
     async def invoke_batch(self, messages: list[Message]) -> list[ConsumeResult]:
         """Run the batch handler; per message, a result whose ``decision`` is

@@ -19,20 +19,28 @@ entry instead, for a sampler that decides on consumer spans by itself.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import time
-from typing import Final
+from contextvars import ContextVar, Token
+from typing import TYPE_CHECKING, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
-from streamkit.middleware import BatchContext, BatchNext, ConsumeContext, ConsumeNext, Middleware
+from streamkit.middleware import BatchContext, BatchNext, Middleware
 from streamkit.results import ConsumeResult
 
+if TYPE_CHECKING:
+    from streamkit.consumer.message import Message
+
 __all__ = ["TracingMiddleware", "parent_context"]
+
+log = logging.getLogger("streamkit.observability.tracing")
 
 _NO_PROVIDER: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _RECHECK_S: Final = 1.0
@@ -44,6 +52,51 @@ _UNSAMPLED: Final = re.compile(rb"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}
 _FLAGS: Final = tuple(trace.TraceFlags(flags) for flags in range(256))
 # The key under which the API keeps the current span, learnt through the API.
 _SPAN_KEY: Final = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, Context())))
+
+
+def _current_context_var() -> ContextVar[Context] | None:
+    """The ``ContextVar`` behind the API's current context, or None.
+
+    ``attach``/``detach``/``get_current`` are three wrapper calls around one
+    ``ContextVar`` operation each, and they ran per handled entry: about a
+    quarter of what the common (sampled-out) path cost.  Only the API's
+    default runtime context (``contextvars_context``, the one every SDK
+    uses) is bypassed this way; another one, chosen with
+    ``OTEL_PYTHON_CONTEXT``, keeps going through the API.
+    """
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    if type(runtime) is not ContextVarsRuntimeContext:
+        return None
+    var = getattr(runtime, "_current_context", None)
+    return var if isinstance(var, ContextVar) else None
+
+
+_CURRENT: Final = _current_context_var()
+
+
+class _Scope:
+    """What ``enter_consume`` set up through the API: a span (or None) and the
+    API's context token."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: trace.Span | None, token: object) -> None:
+        self.span = span
+        self.token = token
+
+    def close(self, result: ConsumeResult | None) -> None:
+        span = self.span
+        try:
+            if span is not None and result is not None and span.is_recording():
+                span.set_attribute("streamkit.outcome", result.outcome.value)
+                if result.error is not None:
+                    span.record_exception(result.error)
+                if result.decision is not None:
+                    span.set_status(Status(StatusCode.ERROR, result.decision.error))
+        finally:
+            otel_context.detach(self.token)  # type: ignore[arg-type]
+            if span is not None:
+                span.end()
 
 
 class _UnsampledParent(NonRecordingSpan):
@@ -136,6 +189,8 @@ class TracingMiddleware(Middleware):
         self._field = field.encode() if field else None
         self._active = self._explicit
         self._recheck_at = -math.inf
+        # (traceparent, base context, context built): see enter_consume.
+        self._last: tuple[object, object, Context] = (None, None, Context())
 
     @property
     def active(self) -> bool:  # type: ignore[override]
@@ -158,66 +213,84 @@ class TracingMiddleware(Middleware):
             self._recheck_at = now + _RECHECK_S
         return self._active
 
-    async def consume(self, ctx: ConsumeContext, call_next: ConsumeNext) -> ConsumeResult:
-        if not self._tracing():
-            return await call_next()
-        message = ctx.message
+    # Per entry: inline hooks, not a ``consume`` level (see streamkit.middleware):
+    # the level's context object, partials and coroutine cost more than the
+    # sampled-out case itself.
+
+    def enter_consume(
+        self, message: Message, stream_prefix: str, consumer_group: str, member_id: str
+    ) -> object:
+        field = self._field
+        var = _CURRENT
+        if field is not None and var is not None and self.follow_parent_sampling:
+            # The common case of a producer sampling at the head, kept lean:
+            # no span, no SDK call, the producer's context parsed only if the
+            # handler asks, and the ContextVar set directly (see
+            # _current_context_var).  The token is the ContextVar's own.
+            raw = message.raw_fields.get(field)
+            base = var.get()
+            last = self._last
+            # Entries of one publish_many share their traceparent: the last
+            # context built is reused (a Context is immutable) when the value
+            # and the surrounding context are the same.
+            if raw == last[0] and base is last[1]:
+                return var.set(last[2])
+            if type(raw) is bytes and _UNSAMPLED.fullmatch(raw) is not None:
+                parent = _UnsampledParent(raw)
+                built = (
+                    Context({**base, _SPAN_KEY: parent}) if base else Context({_SPAN_KEY: parent})
+                )
+                self._last = (raw, base, built)
+                return var.set(built)
+        return self._enter(message, stream_prefix, consumer_group, member_id)
+
+    def exit_consume(self, token: object, result: ConsumeResult | None) -> None:
+        if type(token) is Token:
+            try:
+                _CURRENT.reset(token)  # type: ignore[union-attr]  # only the fast path makes one
+            except ValueError:  # what the API's detach tolerates (and logs)
+                log.exception("failed to restore the tracing context")
+        elif type(token) is _Scope:
+            token.close(result)
+
+    def _enter(
+        self, message: Message, stream_prefix: str, consumer_group: str, member_id: str
+    ) -> _Scope:
+        """Every other entry: sampled, without a ``traceparent``, or another runtime context."""
         parent = None
         if self._field is not None:
             raw = message.raw_fields.get(self._field)
             if self.follow_parent_sampling:
-                # The common case of a sampling producer, kept lean: no span,
-                # the producer's context parsed only if the handler asks.
                 unsampled = _unsampled_parent(raw)
                 if unsampled is not None:
-                    token = otel_context.attach(_with_parent(unsampled))
-                    try:
-                        return await call_next()
-                    finally:
-                        otel_context.detach(token)
+                    return _Scope(None, otel_context.attach(_with_parent(unsampled)))
             remote = _remote_span_context(raw)
             if remote is not None:
                 parent = trace.set_span_in_context(NonRecordingSpan(remote))
                 if self.follow_parent_sampling and not remote.trace_flags.sampled:
-                    token = otel_context.attach(parent)
-                    try:
-                        return await call_next()
-                    finally:
-                        otel_context.detach(token)
+                    return _Scope(None, otel_context.attach(parent))
         # Attributes given at the start: an SDK span takes its lock once for
         # them, instead of once per set_attribute call.  start_span and a
         # context token rather than start_as_current_span: that one stacks
         # three generator context managers per entry.
         span = self.tracer.start_span(
-            f"process {ctx.stream_prefix}",
+            f"process {stream_prefix}",
             context=parent,
             kind=SpanKind.CONSUMER,
             attributes={
                 "messaging.system": "redis",
                 "messaging.operation.type": "process",
                 "messaging.destination.name": message.stream_key,
-                "messaging.consumer.group.name": ctx.consumer_group,
+                "messaging.consumer.group.name": consumer_group,
                 "messaging.message.id": message.id,
                 "streamkit.shard_index": message.shard,
-                "streamkit.member_id": ctx.member_id,
+                "streamkit.member_id": member_id,
                 "streamkit.delivery_count": message.delivery_count,
             },
             record_exception=False,
             set_status_on_exception=False,
         )
-        token = otel_context.attach(trace.set_span_in_context(span))
-        try:
-            result = await call_next()
-            if span.is_recording():
-                span.set_attribute("streamkit.outcome", result.outcome.value)
-                if result.error is not None:
-                    span.record_exception(result.error)
-                if result.decision is not None:
-                    span.set_status(Status(StatusCode.ERROR, result.decision.error))
-            return result
-        finally:
-            otel_context.detach(token)
-            span.end()
+        return _Scope(span, otel_context.attach(trace.set_span_in_context(span)))
 
     async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:
         if not self._tracing():

@@ -109,7 +109,12 @@ class ProducerTracing:
 def traceparent(span: trace.Span) -> str:
     """The W3C ``traceparent`` header value naming ``span`` as the parent."""
     ctx = span.get_span_context()
-    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+    # The flags from a table: one publish in a sampling service pays this on
+    # every call, sampled or not (an int() and a format less).
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{_FLAG_TEXT[ctx.trace_flags]}"
+
+
+_FLAG_TEXT = tuple(f"{flags:02x}" for flags in range(256))
 
 
 def global_tracing() -> bool:

@@ -16,6 +16,7 @@ from streamkit.protocol import HealthStatus
 from streamkit_server.api import (
     admin,
     auth,
+    autoscaling,
     dead_letters,
     grafana,
     members,
@@ -29,6 +30,7 @@ from streamkit_server.api.deps import authorize
 from streamkit_server.api.errors import BodyLimitMiddleware, install_error_handlers
 from streamkit_server.api.heartbeat_path import CoordinatorApp, HeartbeatPath
 from streamkit_server.api.links import add_links
+from streamkit_server.coordination.autoscaling import LagSampler
 from streamkit_server.runtime import Runtime
 from streamkit_server.settings import ServerSettings
 
@@ -78,9 +80,18 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await runtime.start()
+        runtime.metrics.detail.cap = settings.metrics_series_cap
+        runtime.metrics.detail.lease_ttl_ms = settings.member_lease_ttl_ms
+        sampler = LagSampler(
+            runtime.service, runtime.client, runtime.metrics.detail,
+            settings.lag_sample_interval_ms,
+        )  # fmt: skip
+        app.state.lag_sampler = sampler
+        sampler.start()
         try:
             yield
         finally:
+            await sampler.stop()
             await runtime.stop()
 
     app = CoordinatorApp(
@@ -100,7 +111,7 @@ def create_app(
     # Outside even the audit: its time is part of what a client waits for.
     app.add_middleware(performance.RequestMetricsMiddleware, metrics=runtime.metrics)
     for module in (auth, admin, resharding, members, monitoring, dead_letters, performance,
-                   grafana):  # fmt: skip
+                   grafana, autoscaling):  # fmt: skip
         app.include_router(module.router)
     mount_console(app)
 

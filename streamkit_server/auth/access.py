@@ -42,6 +42,7 @@ ROUTE_ROLES: Final[dict[str, Role | None]] = {
     "listReshardingMigrations": Role.READ,
     "getStreamShardOffsets": Role.READ,
     "getStreamShardMessages": Role.READ,
+    "getGroupAutoscaling": Role.READ,
     "listDeadLetters": Role.READ,
     "getApiPerformance": Role.READ,
     "listGrafanaGroups": Role.READ,

@@ -130,6 +130,7 @@ class TickLoop:
                     continue
                 seen.add((prefix, group))
                 self._export(prefix, group, group_gauges(loaded.group, now_ms()))
+                service.metrics.detail.observe_group(loaded.group)
                 if loaded.group.active_migration() is not None:
                     migrating.add(prefix)
                 due = next_deadline_ms(loaded.group, service.config)
@@ -165,6 +166,7 @@ class TickLoop:
                 with contextlib.suppress(KeyError):
                     gauge.remove(*labels)
         self._exported &= seen
+        metrics.detail.forget_except(seen)
 
     async def _advance(self, resharding: ReshardingService, prefix: str, groups: list[str]) -> None:
         try:

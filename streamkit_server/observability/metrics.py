@@ -13,6 +13,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from streamkit_server.observability.detail_gauges import DetailGauges
+
 __all__ = [
     "AUDIT_STREAM_FAILURES",
     "COMPATIBILITY_KINDS",
@@ -277,6 +279,9 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # Per-shard and per-member series, capped (detail_gauges.py).
+        self.detail = DetailGauges()
+        r.register(self.detail)
         # Per request and per heartbeat: the labelled children, looked up once.
         self.heartbeats_by_status = Labelled(self.heartbeats)
         self._requests_by = Labelled(self.http_requests)

@@ -71,3 +71,72 @@ def test_the_parent_context_is_what_the_api_builds() -> None:
             assert baggage.get_all(built) == baggage.get_all(base)
         finally:
             otel_context.detach(token)
+
+
+async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context() -> None:
+    """TracingMiddleware's inline hooks, run by a real Invoker: on the common
+    path the handler sees what ``attach`` would give it (the ContextVar is set
+    directly), with baggage kept, no span is started, and the caller's
+    context is back afterwards; a sampled producer gets a consumer span."""
+    from opentelemetry import baggage
+    from opentelemetry import context as otel_context
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from streamkit.consumer.invoke import Invoker
+    from streamkit.consumer.message import Message
+    from streamkit.consumer.options import PollerOptions
+    from streamkit.observability import tracing
+
+    assert tracing._CURRENT is not None  # the default runtime context: the fast path is on
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    seen: dict[str, object] = {}
+
+    async def handler(message: Message) -> None:
+        span = trace.get_current_span()
+        seen["context"] = span.get_span_context()
+        seen["recording"] = span.is_recording()
+        seen["tenant"] = baggage.get_baggage("tenant")
+        message.ack()
+
+    invoker = Invoker(
+        stream_prefix="s", consumer_group="g", member_id="m", options=PollerOptions(),
+        handler=handler, batch_handler=None,
+        middlewares=[tracing.TracingMiddleware(tracer=provider.get_tracer("t"))],
+    )  # fmt: skip
+
+    class Sink:
+        stream_key = "s:0"
+
+        def settle(self, raw_id: bytes, how: object) -> None:
+            pass
+
+    raw = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-00"
+    invoker.begin_read()
+    token = otel_context.attach(baggage.set_baggage("tenant", "t1"))
+    try:
+        before = otel_context.get_current()
+        result = await invoker.invoke(Message(Sink(), 0, b"1-1", {b"traceparent": raw}))
+        assert otel_context.get_current() is before and result.decision is None
+    finally:
+        otel_context.detach(token)
+    assert seen["context"] == _remote_span_context(raw)
+    assert seen["recording"] is False and seen["tenant"] == "t1"
+    # The next entry of the same publish_many (same value): the same context,
+    # reused; then another producer's: its own; then the first again, now
+    # outside the baggage context (the reuse also keys on the context around).
+    other = b"00-" + b"c" * 32 + b"-" + b"d" * 16 + b"-00"
+    for value, tenant in ((raw, None), (other, None)):
+        await invoker.invoke(Message(Sink(), 0, b"1-3", {b"traceparent": value}))
+        assert seen["context"] == _remote_span_context(value) and seen["tenant"] == tenant
+    assert exporter.get_finished_spans() == ()
+    # A sampled producer still gets its consumer span, through the full path.
+    sampled = Message(Sink(), 0, b"1-2", {b"traceparent": raw[:-2] + b"01"})
+    await invoker.invoke(sampled)
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is not None and span.parent.span_id == int("b" * 16, 16)
+    assert span.attributes is not None and span.attributes["streamkit.outcome"] == "acked"
+    assert seen["recording"] is True

@@ -1,0 +1,84 @@
+"""``getGroupAutoscaling``: the autoscaling signal of one group (role READ).
+
+Shaped for KEDA's ``metrics-api`` scaler: ``valueLocation: recommendedReplicas``
+with ``targetValue: "1"`` makes KEDA ask for exactly the recommended number of
+consumer processes (see docs/operations.md#autoscaling).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
+
+from streamkit.protocol import API_PREFIX, ErrorResponse
+from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
+from streamkit_server.coordination.autoscaling import LagSampler
+from streamkit_server.core.autoscaling import MAX_CONCURRENCY, MAX_TARGET_LAG, recommend
+from streamkit_server.store.keys import GroupKeys
+
+__all__ = ["OPERATION_ID", "PATH", "router", "sampler"]
+
+OPERATION_ID = "getGroupAutoscaling"
+PATH = f"{API_PREFIX}/monitoring/streams/{{streamPrefix}}/groups/{{consumerGroup}}/autoscaling"
+
+router = APIRouter(tags=["Monitoring"], dependencies=[AUTHORIZE])
+
+
+def sampler(request: Request) -> LagSampler:
+    """The process's sampler (made by the app's lifespan, see api/app.py)."""
+    found: LagSampler = request.app.state.lag_sampler
+    return found
+
+
+@router.get(
+    PATH,
+    operation_id=OPERATION_ID,
+    responses={
+        400: {"model": ErrorResponse, "description": "Invalid names or parameters."},
+        404: {"model": ErrorResponse, "description": "Group not found."},
+    },
+)
+async def autoscaling(
+    request: Request,
+    keys: Annotated[GroupKeys, Depends(group_keys)],
+    _p: Caller,
+    concurrency: Annotated[
+        int,
+        Query(ge=1, le=MAX_CONCURRENCY, description="Members (listener concurrency) per process."),
+    ],
+    targetLag: Annotated[
+        int,
+        Query(
+            ge=1,
+            le=MAX_TARGET_LAG,
+            description="Backlog (lag + pending entries) one process should be left with.",
+        ),
+    ],
+) -> JSONResponse:
+    group = await runtime(request).service.read_group(keys)
+    window = await sampler(request).sample(group)
+    advice = recommend(window, group.shard_count, concurrency, targetLag)
+    now = window[-1]
+    body: dict[str, Any] = {
+        "streamPrefix": group.stream_prefix,
+        "consumerGroup": group.consumer_group,
+        "recommendedReplicas": advice.recommended_replicas,
+        "maxUsefulReplicas": advice.max_useful_replicas,
+        "concurrency": concurrency,
+        "targetLag": targetLag,
+        "shardCount": group.shard_count,
+        "liveMembers": len(group.live_member_ids()),
+        "totalLag": advice.total_lag,
+        "totalPending": advice.total_pending,
+        "backlog": advice.total_lag + advice.total_pending,
+        "lagUnknownShards": list(advice.lag_unknown_shards),
+        "handledPerSecond": (
+            None if advice.handled_per_second is None else round(advice.handled_per_second, 3)
+        ),
+        "windowSeconds": round(advice.window_seconds, 3),
+        "sampledAtMs": now.at_ms,
+        "shards": [{"shardIndex": s.shard, "lag": s.lag, "pending": s.pending} for s in now.shards],
+    }
+    return JSONResponse(body)
