@@ -259,7 +259,7 @@ class Fleet:
         """Every process to ``to``, one at a time, ``dwell_s`` between steps:
         the coordinators first (members of the other release heartbeat to
         them meanwhile), then the publisher, then the consumers."""
-        for i in range(len(self.coordinators)):
+        for _ in range(len(self.coordinators)):
             await self.replace_coordinator(0, to)
             await asyncio.sleep(dwell_s)
         await self.replace_publisher(to)
@@ -320,7 +320,8 @@ def summary(verdict: checks.Verdict) -> str:
     dups = sum(verdict.duplicates.values())
     return (
         f"published {verdict.published}, handled {verdict.handled}, lost {len(verdict.lost)}, "
-        f"overlaps {len(verdict.overlaps)}, reads without lease {len(verdict.reads_without_lease)}, "
+        f"overlaps {len(verdict.overlaps)}, "
+        f"reads without lease {len(verdict.reads_without_lease)}, "
         f"order violations {len(verdict.order_violations)}, duplicates {dups}, "
         f"max reconvergence {verdict.max_reconvergence_s:.1f} s"
     )
