@@ -104,7 +104,7 @@ class CoordinatorProcess(ManagedProcess):
         self._port = port if port is not None else free_port()
         self._startup_timeout = startup_timeout
         self._python = os.fspath(python) if python is not None else sys.executable
-        self._cwd = cwd
+        self._cwd = os.fspath(cwd) if cwd is not None else None
         settings: dict[str, str | int | None] = {
             "REDIS_URL": redis_url,
             "REDIS_CLUSTER": "true" if cluster else "false",
