@@ -62,6 +62,15 @@ def cache_root() -> Path:
     return Path(os.environ.get("STREAMKIT_UPGRADE_CACHE", default))
 
 
+def available(commit: str = PREVIOUS) -> bool:
+    """Whether this clone holds ``commit`` (a shallow clone may not)."""
+    try:
+        resolve(commit)
+    except RuntimeError:
+        return False
+    return True
+
+
 def resolve(commit: str) -> str:
     out = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--verify", f"{commit}^{{commit}}"],

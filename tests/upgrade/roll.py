@@ -135,8 +135,7 @@ class Fleet:
         self.workdir.mkdir(parents=True, exist_ok=True)
         await self.lb.start()
         self.redis = await asyncio.to_thread(RedisServer().start)
-        for side in coordinators:
-            await self.add_coordinator(side)
+        await asyncio.gather(*(self.add_coordinator(side) for side in coordinators))
         await self.create_group()
         for side in consumers:
             self.add_consumer(side)

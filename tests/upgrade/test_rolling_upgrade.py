@@ -24,10 +24,17 @@ from pathlib import Path
 
 import pytest
 
-from .release import previous_release
+from .release import PREVIOUS, available, previous_release
 from .roll import Fleet, Side, summary
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not available(),
+        reason=f"the previous release {PREVIOUS[:12]} is not in this clone (a shallow clone? "
+        "fetch main's history, or name another commit in STREAMKIT_PREVIOUS_RELEASE)",
+    ),
+]
 
 
 def _check(fleet: Fleet, verdict: object, began: float) -> None:
@@ -68,7 +75,8 @@ async def test_old_and_new_side_by_side(tmp_path: Path) -> None:
 
 @pytest.mark.long
 async def test_roll_forward_and_back(tmp_path: Path) -> None:
-    old, new = Side.of(previous_release(isolated=True)), Side.current()
+    isolated = os.environ.get("STREAMKIT_UPGRADE_ISOLATED", "1") != "0"
+    old, new = Side.of(previous_release(isolated=isolated)), Side.current()
     dwell = float(os.environ.get("UPGRADE_DWELL_S", "5"))
     fleet = Fleet(tmp_path, shards=8)
     began = time.monotonic()
