@@ -268,7 +268,9 @@ class Fleet:
             await asyncio.sleep(dwell_s)
 
     async def heartbeats_answered(self) -> dict[str, float]:
-        """Per running coordinator (``<release> :<port>``), heartbeats it answered so far."""
+        """Per running coordinator (``<release> :<port>``), heartbeats it answered OK so
+        far (not a refusal: a coordinator that cannot read the other release's
+        metadata answers 503, and members retry elsewhere without a lost entry)."""
         out: dict[str, float] = {}
         auth = (TEST_ADMIN_USERNAME, TEST_ADMIN_PASSWORD)
         async with httpx.AsyncClient(auth=auth, timeout=5) as http:
@@ -277,7 +279,7 @@ class Fleet:
                 out[f"{side.name} :{proc.port}"] = sum(
                     float(line.rsplit(" ", 1)[1])
                     for line in text.splitlines()
-                    if line.startswith("redis_stream_coord_heartbeats_total{")
+                    if line.startswith('redis_stream_coord_heartbeats_total{status="OK"}')
                 )
         return out
 
