@@ -267,20 +267,20 @@ class Fleet:
             await self.replace_consumer(0, to)
             await asyncio.sleep(dwell_s)
 
-    async def heartbeats_answered(self) -> dict[str, float]:
-        """Per running coordinator (``<release> :<port>``), heartbeats it answered OK so
-        far (not a refusal: a coordinator that cannot read the other release's
-        metadata answers 503, and members retry elsewhere without a lost entry)."""
-        out: dict[str, float] = {}
+    async def heartbeats_answered(self) -> dict[str, dict[str, float]]:
+        """Per running coordinator (``<release> :<port>``), the heartbeats it
+        answered so far by status (a 503 refusal is not among them)."""
+        out: dict[str, dict[str, float]] = {}
         auth = (TEST_ADMIN_USERNAME, TEST_ADMIN_PASSWORD)
+        head = 'redis_stream_coord_heartbeats_total{status="'
         async with httpx.AsyncClient(auth=auth, timeout=5) as http:
             for side, proc in self.coordinators:
                 text = (await http.get(f"{proc.url}/metrics")).text
-                out[f"{side.name} :{proc.port}"] = sum(
-                    float(line.rsplit(" ", 1)[1])
+                out[f"{side.name} :{proc.port}"] = {
+                    line[len(head) :].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
                     for line in text.splitlines()
-                    if line.startswith('redis_stream_coord_heartbeats_total{status="OK"}')
-                )
+                    if line.startswith(head)
+                }
         return out
 
     # -- the verdict -------------------------------------------------------------------

@@ -67,7 +67,7 @@ async def test_old_and_new_side_by_side(tmp_path: Path) -> None:
     _check(fleet, verdict, began)
     print(f"heartbeats answered: {answered}")
     # Both coordinators answered heartbeats, and both releases' members did the work.
-    assert all(n > 20 for n in answered.values()), answered
+    assert all(statuses.get("OK", 0) >= 5 for statuses in answered.values()), answered
     for name in ("old", "new"):
         (record,) = (f for f in fleet.record_files if f.name.endswith(f"-{name}.rec"))
         assert any(line.startswith("H ") for line in record.read_text().splitlines()), name
