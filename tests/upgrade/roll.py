@@ -237,6 +237,9 @@ class Fleet:
         _, old = self.coordinators[index]
         await self.add_coordinator(to)
         await asyncio.sleep(overlap_s)
+        # Evidence that both releases were answering (in notes.log).
+        with contextlib.suppress(httpx.HTTPError):
+            self.note(f"heartbeats answered so far: {await self.heartbeats_answered()}")
         await self.stop_coordinator(old)
         self.spans.append(checks.FaultSpan(f"coordinator to {to.name}", began, time.monotonic_ns()))
 
