@@ -5,8 +5,8 @@ virtualenv of its own, cached under ``~/.cache/streamkit-upgrade/<commit>``
 (``STREAMKIT_UPGRADE_CACHE`` moves it), so only the first run pays.  Two kinds:
 
 * ``isolated=True``: the release installed with its server extra from PyPI, its
-  dependencies resolved as its own pyproject asks (85 s on the 2-core CI
-  machine, once);
+  dependencies resolved as its own pyproject asks (85 to 171 s on the
+  2-core machine, once);
 * ``isolated=False``: a virtualenv without pip whose only content is a path
   file naming this interpreter's site-packages, so the old code runs on the
   current dependency versions (a second).  The path file adds the directory
@@ -94,9 +94,12 @@ def previous_release(commit: str = PREVIOUS, *, isolated: bool = False) -> Relea
     source = root / "src"
     venv = root / ("venv" if isolated else "venv-shared")
     done = venv.with_name(venv.name + ".built")
+    # What the build is for: the shared kind points at this interpreter's
+    # packages, and another checkout's virtualenv must not be borrowed.
+    stamp = f"{full} {'isolated' if isolated else sysconfig.get_path('purelib')}\n"
     with open(root / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if done.exists():
+        if done.exists() and done.read_text() == stamp:
             return Release(full, source, venv / "bin" / "python", 0.0)
         began = time.monotonic()
         if not (source / "pyproject.toml").exists():
@@ -125,7 +128,7 @@ def previous_release(commit: str = PREVIOUS, *, isolated: bool = False) -> Relea
             ).stdout.strip()
             ours = sysconfig.get_path("purelib")
             Path(site, "streamkit-upgrade-deps.pth").write_text(f"{ours}\n")
-        done.write_text(f"{full}\n")
+        done.write_text(stamp)
         return Release(full, source, python, time.monotonic() - began)
 
 
