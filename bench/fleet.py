@@ -15,7 +15,7 @@ parsed only when they differ from that member's previous one.
 Members are interleaved across groups so that the requests in flight belong
 to different groups, as at a real interval (3 s between a member's
 heartbeats, a few milliseconds each): the coordinator's per-group batching of
-concurrent heartbeats (service.py) barely applies; its mean batch size is
+concurrent heartbeats (coordination/executor.py) barely applies; its mean batch size is
 printed from /metrics.
 
 Reports:
@@ -30,7 +30,7 @@ Reports:
   loop's CPU less the fixed cost, per heartbeat) x members / 3 s, as cores
   and as members per core;
 * the share of steady writes that went to Redis in a pipeline shared with
-  other groups' (``streamkit_server/script_batch.py``) and its mean size.
+  other groups' (``streamkit_server/store/batch.py``) and its mean size.
   It depends on how many requests the coordinator has at once: each
   connection is served one request at a time.  The default shape (2 clients
   x 32 lanes, one request at a time on each: 64 connections, no pipelining)
@@ -219,7 +219,7 @@ async def _batch_sizes(coords: list[CoordinatorProcess]) -> tuple[float, float, 
                     # the copy up on another process's member writes.
                     locked["(catch-ups)"] = locked.get("(catch-ups)", 0.0) + float(line.split()[-1])
                 elif line.startswith("redis_stream_coord_steady_pipeline_size_sum "):
-                    # Steady writes that shared a pipeline (script_batch.py).
+                    # Steady writes that shared a pipeline (store/batch.py).
                     locked["(pipelined)"] = locked.get("(pipelined)", 0.0) + float(line.split()[-1])
                 elif line.startswith("redis_stream_coord_steady_pipeline_size_count "):
                     locked["(pipelines)"] = locked.get("(pipelines)", 0.0) + float(line.split()[-1])

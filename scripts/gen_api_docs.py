@@ -40,9 +40,9 @@ def build_app() -> Any:
 
 
 def _access(route: Any, operation: dict[str, Any]) -> str:
-    # The one matrix every route consults (streamkit_server/access.py).
-    from streamkit_server.access import ROUTE_ROLES
-    from streamkit_server.security import Role
+    # The one matrix every route consults (streamkit_server/auth/access.py).
+    from streamkit_server.auth.access import ROUTE_ROLES
+    from streamkit_server.auth.security import Role
 
     role = ROUTE_ROLES[route.operation_id]
     if role is Role.MEMBER:
@@ -201,7 +201,7 @@ Conventions that hold for every operation below:
   `INVALID_REQUEST` (or `MALFORMED_JSON`), and the document declares that
   `400` (FastAPI's default `422 HTTPValidationError` is removed). A `422` is
   only sent as an `ErrorResponse` for the rule refusals listed per operation.
-- *Access* is from the endpoint → role matrix (`streamkit_server/access.py`):
+- *Access* is from the endpoint → role matrix (`streamkit_server/auth/access.py`):
   the role a caller needs,
   sent as HTTP Basic credentials or as a bearer token from
   `loginCoordinatorApi`. See

@@ -7,6 +7,7 @@ its ``error:`` line, and a script's traceback ends with it).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 from typing import Any
@@ -126,9 +127,12 @@ class StreamKitSettings(BaseSettings):
         """What member ids of one start of this process begin with."""
         if self.static_membership:
             return self.member_id_base
-        # The random part is the incarnation's head: member ids stay short and
-        # still differ between starts and between processes on one host.
-        return f"{self.member_id_base}-{incarnation[:8]}"
+        # A random part per start keeps ids apart between starts and between
+        # processes on one host.  It is derived one way from the incarnation:
+        # member ids are shown to anyone with READ, and the incarnation is
+        # what lets a member leave, so no digit of it may show.
+        digest = hashlib.sha256(b"member-id:" + incarnation.encode()).hexdigest()
+        return f"{self.member_id_base}-{digest[:8]}"
 
     @field_validator("redis_url")
     @classmethod

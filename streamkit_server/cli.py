@@ -27,11 +27,11 @@ from redis.exceptions import RedisError
 from streamkit.connections import redacted_url
 from streamkit.version import package_version
 from streamkit_server.api import create_app
-from streamkit_server.api.runtime import Runtime, make_redis_client
-from streamkit_server.principals import hash_password
+from streamkit_server.auth.principals import hash_password
+from streamkit_server.auth.token_versions import revoke
+from streamkit_server.coordination.timings import TimingConflict, Timings
+from streamkit_server.runtime import Runtime, make_redis_client
 from streamkit_server.settings import ServerSettings
-from streamkit_server.timings import TimingConflict, Timings
-from streamkit_server.token_versions import revoke
 
 __all__ = ["main", "parse_settings", "preflight"]
 

@@ -18,8 +18,9 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamkit.numerals import ascii_uint
+from streamkit_server.auth.principals import PrincipalEntry, parse_principals
 from streamkit_server.core import MAX_SHARD_COUNT, CoordinatorConfig
-from streamkit_server.principals import PrincipalEntry, parse_principals
+from streamkit_server.store.keys import DEFAULT_KEY_PREFIX
 
 __all__ = ["ServerSettings"]
 
@@ -101,7 +102,7 @@ class ServerSettings(BaseSettings):
         description="A file with the same JSON.",
     )
     key_prefix: str = Field(
-        default="redis-stream:coord",
+        default=DEFAULT_KEY_PREFIX,
         min_length=1,
         description=(
             "Prefix of every coordinator key in Redis (see [key layout](#redis-key-layout))."

@@ -64,7 +64,7 @@ def coordinator(any_redis: RedisTarget, coordinator_pool: CoordinatorPool) -> Co
     return coordinator_pool.get(any_redis)
 
 
-# Settings every coordinator on one Redis must share (streamkit_server.timings).
+# Settings every coordinator on one Redis must share (streamkit_server.coordination.timings).
 _TIMINGS = ("HEARTBEAT_INTERVAL_MS", "MEMBER_LEASE_TTL_MS", "REBALANCE_TIMEOUT_MS",
             "PRODUCER_ROUTING_LEASE_MS")  # fmt: skip
 

@@ -33,7 +33,7 @@ import pytest
 from pydantic_core import PydanticUndefined
 
 from streamkit.protocol import HeartbeatStatus
-from streamkit_server.metrics import Metrics
+from streamkit_server.observability.metrics import Metrics
 from streamkit_server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,6 +180,7 @@ def test_every_metric_to_alert_on_has_a_runbook_section() -> None:
 _CODE_PATTERNS = (
     re.compile(r"ApiError\(\s*\d{3},\s*\"([A-Z][A-Z0-9_]+)\""),
     re.compile(r"CoordinatorError\(\s*\"([A-Z][A-Z0-9_]+)\""),
+    re.compile(r"\bRejected\(\s*\"([A-Z][A-Z0-9_]+)\""),
     re.compile(r"error_response\(\s*\d{3},\s*\"([A-Z][A-Z0-9_]+)\""),
     re.compile(r"^\s*error_code = \"([A-Z][A-Z0-9_]+)\"", re.MULTILINE),
 )

@@ -27,7 +27,7 @@ from helpers import API, REPO, AppProcess, eventually
 
 from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
-from streamkit_server.principals import hash_password
+from streamkit_server.auth.principals import hash_password
 
 pytestmark = pytest.mark.slow
 

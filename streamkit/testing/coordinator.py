@@ -215,13 +215,11 @@ class CoordinatorProcess(ManagedProcess):
         import redis
         from redis.cluster import RedisCluster
 
-        # Imported here: the client package does not need the server, but a
-        # coordinator launched by this class is that server.
-        from streamkit_server.settings import ServerSettings
-        from streamkit_server.timings import coordinators_key
+        # A leaf of the server (standard library only): the client package
+        # does not need the server to name the key its coordinators share.
+        from streamkit_server.store.keys import DEFAULT_KEY_PREFIX, coordinators_key
 
-        default_prefix = ServerSettings.model_fields["key_prefix"].default
-        prefix = self._env.get("STREAMKIT_SERVER_KEY_PREFIX", default_prefix)
+        prefix = self._env.get("STREAMKIT_SERVER_KEY_PREFIX", DEFAULT_KEY_PREFIX)
         client = (RedisCluster if self.cluster else redis.Redis).from_url(self.redis_url)
         with contextlib.suppress(redis.RedisError, OSError):
             client.hdel(coordinators_key(prefix), *ended)

@@ -14,7 +14,6 @@ from streamkit.protocol import (
     ProducerRoutingResponse,
     StreamCreateResponse,
 )
-from streamkit_server import views
 from streamkit_server.api.audit import audited
 from streamkit_server.api.bodies import (
     CreateGroupRequest,
@@ -22,9 +21,10 @@ from streamkit_server.api.bodies import (
     DeleteGroupRequest,
 )
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
+from streamkit_server.coordination import views
 from streamkit_server.errors import Rejected
-from streamkit_server.provisioning import validate_stream_prefix
-from streamkit_server.store import GroupKeys
+from streamkit_server.store.keys import GroupKeys
+from streamkit_server.store.provisioning import validate_stream_prefix
 
 router = APIRouter(prefix=API_PREFIX, dependencies=[AUTHORIZE])
 

@@ -29,7 +29,7 @@ from streamkit_server.api.deps import authorize
 from streamkit_server.api.errors import BodyLimitMiddleware, install_error_handlers
 from streamkit_server.api.heartbeat_path import CoordinatorApp, HeartbeatPath
 from streamkit_server.api.links import add_links
-from streamkit_server.api.runtime import Runtime
+from streamkit_server.runtime import Runtime
 from streamkit_server.settings import ServerSettings
 
 __all__ = ["create_app"]
@@ -71,7 +71,7 @@ def create_app(
     """Build the app; Redis is connected by the lifespan (``runtime.start``).
 
     ``token_secret`` None: the secret shared through Redis is used (see
-    ``streamkit_server.token_secret``).
+    ``streamkit_server.auth.token_secret``).
     """
     runtime = Runtime(settings, admin_password, token_secret)
 

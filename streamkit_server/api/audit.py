@@ -2,7 +2,7 @@
 
 Records go to the logger ``streamkit_server.audit`` (route it to its own
 sink) and, with ``STREAMKIT_SERVER_AUDIT_STREAM``, to a capped Redis stream
-(``streamkit_server.audit_stream``).  A record names the principal (or the
+(``streamkit_server.observability.audit_stream``).  A record names the principal (or the
 username a failed Basic login tried), never a password, token or body: the
 body is represented by its sha256, and only ``requestedBy``/``reason`` are
 read out of it.
@@ -22,7 +22,7 @@ from fastapi import Request
 from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from streamkit_server.security import Principal, basic_username
+from streamkit_server.auth.security import Principal, basic_username
 
 __all__ = ["REFUSALS", "AuditMiddleware", "audit_log", "audited"]
 

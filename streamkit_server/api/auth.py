@@ -11,9 +11,9 @@ from fastapi.responses import JSONResponse
 from streamkit.protocol import API_PREFIX, ErrorResponse, LoginRequest, LoginResponse
 from streamkit_server.api.audit import audited
 from streamkit_server.api.deps import AUTHORIZE, Caller, login_guard, runtime
+from streamkit_server.auth.security import AuthError
+from streamkit_server.auth.token_versions import current_version
 from streamkit_server.errors import ApiError
-from streamkit_server.security import AuthError
-from streamkit_server.token_versions import current_version
 
 router = APIRouter(prefix=API_PREFIX, tags=["Authentication"], dependencies=[AUTHORIZE])
 

@@ -32,7 +32,7 @@ from streamkit.protocol import (
     WireModel,
 )
 from streamkit_server.core import MAX_SHARD_COUNT
-from streamkit_server.streams import Ordering
+from streamkit_server.store.streams import Ordering
 
 # Named like the contract's schemas (and the models they extend), so the
 # served OpenAPI document keeps the reference's component names.
@@ -127,7 +127,7 @@ FieldName = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 class ReplayDeadLetterRequest(WireModel):
-    """streamkit extension: replay one dead letter (see streamkit_server/dead_letters.py)."""
+    """streamkit extension: replay one dead letter (see ``coordination/dead_letters.py``)."""
 
     requested_by: RequiredText
     reason: TextStr | None = None

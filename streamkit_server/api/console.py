@@ -20,7 +20,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from streamkit_server.api.deps import check_role, runtime
-from streamkit_server.security import Principal, Role
+from streamkit_server.auth.security import Principal, Role
 
 __all__ = ["CONSOLE_DIR", "CONSOLE_PATH", "mount_console"]
 

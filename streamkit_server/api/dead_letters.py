@@ -1,7 +1,7 @@
 """Dead letters of a consumer group: list (READ) and replay one entry (WRITE).
 
 streamkit extensions, not in the reference contract.  The rules (which
-stream, how a replay is routed) are in ``streamkit_server/dead_letters.py``.
+stream, how a replay is routed) are in ``streamkit_server/coordination/dead_letters.py``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from streamkit_server.api.audit import audited
 from streamkit_server.api.bodies import ReplayDeadLetterRequest
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
 from streamkit_server.api.monitoring import parse_record_id
-from streamkit_server.dead_letters import MAX_PAGE
-from streamkit_server.store import GroupKeys
+from streamkit_server.coordination.dead_letters import MAX_PAGE
+from streamkit_server.store.keys import GroupKeys
 
 router = APIRouter(prefix=API_PREFIX, tags=["Dead letters"], dependencies=[AUTHORIZE])
 

@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.routing import APIRoute
 
-from streamkit_server.access import required_role
-from streamkit_server.api.runtime import Runtime
+from streamkit_server.auth.access import required_role
+from streamkit_server.auth.security import AuthError, Principal, Role, basic_username
 from streamkit_server.errors import ApiError
-from streamkit_server.provisioning import validate_consumer_group, validate_stream_prefix
-from streamkit_server.security import AuthError, Principal, Role, basic_username
-from streamkit_server.store import GroupKeys
+from streamkit_server.runtime import Runtime
+from streamkit_server.store.keys import GroupKeys
+from streamkit_server.store.provisioning import validate_consumer_group, validate_stream_prefix
 
 __all__ = [
     "AUTHORIZE",

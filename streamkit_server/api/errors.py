@@ -27,12 +27,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamkit.protocol import ErrorResponse
+from streamkit_server.auth.ratelimit import RateLimited
+from streamkit_server.auth.security import AuthError
+from streamkit_server.coordination.gate import CoordinatorSuspended, CoordinatorTerminating
 from streamkit_server.errors import ApiError, Rejected
-from streamkit_server.gate import CoordinatorSuspended, CoordinatorTerminating
-from streamkit_server.mutex import MutexTimeout
-from streamkit_server.ratelimit import RateLimited
-from streamkit_server.security import AuthError
-from streamkit_server.store import StoreError
+from streamkit_server.store.mutex import MutexTimeout
+from streamkit_server.store.records import StoreError
 
 __all__ = [
     "BodyLimitMiddleware",

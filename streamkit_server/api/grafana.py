@@ -18,7 +18,7 @@ from streamkit.protocol import API_PREFIX, StreamMessagePageDirection
 from streamkit_server.api import monitoring
 from streamkit_server.api.deps import AUTHORIZE, Caller, keys_for
 from streamkit_server.errors import ApiError
-from streamkit_server.store import GroupKeys
+from streamkit_server.store.keys import GroupKeys
 
 router = APIRouter(
     prefix=f"{API_PREFIX}/monitoring/grafana", tags=["Grafana"], dependencies=[AUTHORIZE]

@@ -41,20 +41,20 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamkit.protocol import API_PREFIX, HeartbeatAnswer
-from streamkit_server.access import required_role
 from streamkit_server.api import members
 from streamkit_server.api.bodies import HeartbeatRequest
 from streamkit_server.api.deps import rate_limit_member, verified_principal
 from streamkit_server.api.errors import is_json
 from streamkit_server.api.performance import RequestMetricsMiddleware
-from streamkit_server.api.runtime import Runtime
+from streamkit_server.auth.access import required_role
+from streamkit_server.auth.security import AuthError, Principal
 from streamkit_server.errors import Rejected
-from streamkit_server.provisioning import (
+from streamkit_server.runtime import Runtime
+from streamkit_server.store.provisioning import (
     validate_consumer_group,
     validate_member_id,
     validate_stream_prefix,
 )
-from streamkit_server.security import AuthError, Principal
 
 __all__ = ["CoordinatorApp", "HeartbeatPath"]
 
@@ -170,10 +170,11 @@ class HeartbeatPath:
         if principal is not None:  # the insecure member switch skips the limit too
             await rate_limit_member(rt, prefix, group)
         service = rt.service
-        decided = await service.heartbeat(service.keys(prefix, group), member_id, request)
+        name = None if principal is None else principal.username
+        decided = await service.heartbeat(service.keys(prefix, group), member_id, request, name)
         # ``HeartbeatAnswer`` is the response plus one last field: appended to
         # the response's JSON, the same bytes as building and dumping the
-        # answer model (tests/server/test_heartbeat_path.py compares them).
+        # answer model (tests/server/api/test_heartbeat_path.py compares them).
         return decided.model_dump_json(by_alias=True).encode()[:-1] + self._lease_field
 
     async def _caller(self, authorization: str | None) -> Principal | None:

@@ -14,8 +14,8 @@ from streamkit.protocol import (
 )
 from streamkit_server.api.bodies import HeartbeatRequest
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
-from streamkit_server.provisioning import validate_member_id
-from streamkit_server.store import GroupKeys
+from streamkit_server.store.keys import GroupKeys
+from streamkit_server.store.provisioning import validate_member_id
 
 #: The heartbeat's operationId (also the lean path's and the access matrix's key).
 OPERATION_ID = "sendConsumerHeartbeat"
@@ -43,11 +43,13 @@ async def heartbeat(
     memberId: str,
     body: HeartbeatRequest,
     keys: Annotated[GroupKeys, Depends(group_keys)],
-    _principal: Caller,
+    caller: Caller,
 ) -> Response:
     validate_member_id(memberId)
     service = runtime(request).service
-    decided = await service.heartbeat(keys, memberId, body)
+    # "anonymous": the insecure member switch, where no caller is known.
+    principal = None if caller.method == "none" else caller.username
+    decided = await service.heartbeat(keys, memberId, body, principal)
     response = HeartbeatAnswer.model_construct(
         **dict(decided), member_lease_ttl_ms=service.config.member_lease_ttl_ms
     )

@@ -31,14 +31,15 @@ from streamkit.protocol import (
 )
 from streamkit.routing import stream_key
 from streamkit.version import package_version
-from streamkit_server import views
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
 from streamkit_server.api.errors import is_command_refusal
+from streamkit_server.auth.security import Principal
+from streamkit_server.coordination import views
+from streamkit_server.coordination.executor import now_ms
 from streamkit_server.core import LAYOUT_VERSION, SCHEMA_VERSION, GroupMetadata
 from streamkit_server.errors import ApiError
-from streamkit_server.security import Principal
-from streamkit_server.service import now_ms
-from streamkit_server.store import GroupKeys, RedisClient
+from streamkit_server.store.keys import GroupKeys
+from streamkit_server.store.records import RedisClient
 
 router = APIRouter(prefix=f"{API_PREFIX}/monitoring", tags=["Monitoring"], dependencies=[AUTHORIZE])
 

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamkit.protocol import API_PREFIX
 from streamkit_server.api.deps import AUTHORIZE, Caller, runtime
-from streamkit_server.metrics import Metrics
+from streamkit_server.observability.metrics import Metrics
 
 __all__ = ["RequestMetricsMiddleware", "route_label", "router"]
 

@@ -19,7 +19,6 @@ from streamkit.protocol import (
     Migration,
     StreamScaleResponse,
 )
-from streamkit_server import views
 from streamkit_server.api.audit import audited
 from streamkit_server.api.bodies import (
     RollbackMigrationRequest,
@@ -27,9 +26,10 @@ from streamkit_server.api.bodies import (
     ScaleStreamRequest,
 )
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
-from streamkit_server.provisioning import validate_stream_prefix
-from streamkit_server.resharding import find_migration
-from streamkit_server.store import GroupKeys
+from streamkit_server.coordination import views
+from streamkit_server.coordination.resharding import find_migration
+from streamkit_server.store.keys import GroupKeys
+from streamkit_server.store.provisioning import validate_stream_prefix
 
 router = APIRouter(prefix=API_PREFIX, tags=["Resharding"], dependencies=[AUTHORIZE])
 

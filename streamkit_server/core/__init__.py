@@ -7,7 +7,14 @@ write the result with a revision CAS and answer from what was written.
 
 from .assignor import assign, moved_count
 from .config import CoordinatorConfig
-from .heartbeat import handle_heartbeat
+from .groups import (
+    create_group,
+    delete_group,
+    group_already_exists,
+    group_not_found,
+    invariant_violations,
+)
+from .heartbeat import TooManyMembers, handle_heartbeat
 from .limits import MAX_SHARD_COUNT, join_refusal
 from .model import (
     LAYOUT_VERSION,
@@ -68,15 +75,21 @@ __all__ = [
     "Result",
     "Seen",
     "ShardProgress",
+    "TooManyMembers",
     "WitnessSeen",
     "apply_drain_probe",
     "apply_retirement",
     "assign",
     "begin_correction",
     "complete_provisioning",
+    "create_group",
+    "delete_group",
     "diff",
     "fail_provisioning",
+    "group_already_exists",
+    "group_not_found",
     "handle_heartbeat",
+    "invariant_violations",
     "join_refusal",
     "merge_changes",
     "moved_count",

@@ -17,6 +17,7 @@ from streamkit.protocol import GroupState, HeartbeatRequest, MemberState, Revoki
 
 from .assignor import assign
 from .config import CoordinatorConfig
+from .limits import RECORDS_PER_MEMBER_SLOT, evictable_records
 from .model import NEVER_MS, CorrectionRound, GroupMetadata, MemberMetadata, ShardProgress
 
 #: Member epochs count in thousandths of a millisecond of the issuing
@@ -90,7 +91,15 @@ class Draft:
         # fenced process itself: it rejoined after dropping everything, or
         # this is a late duplicate of such a join.  It lets them go by omitting
         # them from its next heartbeat.
-        self._members_for_write()[member_id] = MemberMetadata(
+        members = self._members_for_write()
+        if member_id not in members:
+            # Departed records past the cap make room, oldest first, among
+            # those that hold nothing (``join_refusal`` checked one exists).
+            cap = RECORDS_PER_MEMBER_SLOT * self.config.max_members_per_group
+            for departed in evictable_records(self.group)[: max(0, len(members) + 1 - cap)]:
+                del members[departed]
+                self.touched.add(departed)
+        members[member_id] = MemberMetadata(
             member_id=member_id,
             member_name=request.member_name,
             incarnation=request.incarnation,

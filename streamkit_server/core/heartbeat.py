@@ -7,6 +7,8 @@ does I/O or reads a clock.
 
 Rules, in the order they are applied:
 
+0. a join (memberEpoch 0) past the member limit -> ``TooManyMembers``
+   (``TOO_MANY_MEMBERS``, see ``limits.join_refusal``); nothing changes.
 1. protocol range -> UNSUPPORTED_PROTOCOL; body memberId != path -> INVALID_REQUEST.
 2. timeouts due at ``now`` are applied first (lease expiry, rebalance-timeout
    fencing, release of fenced members' shards): see ``timeouts.py``.
@@ -61,7 +63,8 @@ from streamkit.protocol import (
 from .config import CoordinatorConfig
 from .draft import Draft
 from .errors import Rejected
-from .model import GroupMetadata, MemberMetadata
+from .limits import join_refusal
+from .model import PRINCIPAL_IDENTITY, GroupMetadata, MemberMetadata, same_process
 from .result import Result, WitnessSeen, result_of
 from .witness import Witness, rollback_witness
 
@@ -80,6 +83,13 @@ class MemberIdInUse(Rejected):
         self.holder_name = holder_name
 
 
+class TooManyMembers(Rejected):
+    """A join the group has no room for (``limits.join_refusal`` says why)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("TOO_MANY_MEMBERS", reason)
+
+
 @dataclass(frozen=True, slots=True)
 class HeartbeatOutcome:
     """What one rule decided; ``handle_heartbeat`` turns it into a ``Result``."""
@@ -95,8 +105,21 @@ def handle_heartbeat(
     request: HeartbeatRequest,
     now_ms: int,
     config: CoordinatorConfig,
+    principal: str | None = None,
 ) -> Result[HeartbeatResponse]:
-    """The answer to one heartbeat and the changes to write before sending it."""
+    """The answer to one heartbeat and the changes to write before sending it.
+
+    ``principal``: who sent it (None with the insecure member switch).  A
+    request without an incarnation is taken as coming from the process that
+    principal runs (``caller_identity``).
+
+    Raises ``TooManyMembers`` for a join past the member limit (checked first:
+    such a join changes nothing, whatever else it carries), ``MemberIdInUse``
+    for a join of a member id another live process holds.
+    """
+    refusal = join_refusal(group, member_id, request, config)
+    if refusal is not None:
+        raise TooManyMembers(refusal)
     if not config.min_protocol_version <= request.protocol_version <= config.max_protocol_version:
         outcome = _reject(group, request, HeartbeatStatus.UNSUPPORTED_PROTOCOL, config)
         return Result(group, (), outcome.response)
@@ -106,6 +129,7 @@ def handle_heartbeat(
     if request.member_id != member_id or bad_epoch:
         outcome = _reject(group, request, HeartbeatStatus.INVALID_REQUEST, config)
         return Result(group, (), outcome.response)
+    request = caller_identity(request, principal)
     draft = Draft(group, now_ms, config)
     draft.apply_timeouts()
     witness = rollback_witness(draft.group, request, draft.now, draft.config)
@@ -127,6 +151,20 @@ def handle_heartbeat(
     return replace(result, witness=seen)
 
 
+def caller_identity(request: HeartbeatRequest, principal: str | None) -> HeartbeatRequest:
+    """``request``, with its principal as its incarnation when it sent none.
+
+    Reference clients send no incarnation, so any member credential could
+    otherwise act as their members: leave one (its shards freed at once),
+    report for it, or claim a rollback in its name.  The principal that joined
+    a member is stored as its identity instead (``model.same_process``).  Our
+    own clients send an incarnation, a secret of the process, which says more.
+    """
+    if request.incarnation is not None or principal is None:
+        return request
+    return request.model_copy(update={"incarnation": PRINCIPAL_IDENTITY + principal})
+
+
 def _decide(
     draft: Draft, member_id: str, request: HeartbeatRequest, witness: Witness
 ) -> HeartbeatOutcome:
@@ -141,7 +179,7 @@ def _decide(
     member = draft.group.members.get(member_id)
     if member is None or member.state is MemberState.LEAVING:
         return _fence(draft, request, HeartbeatStatus.UNKNOWN_MEMBER_ID)
-    if member.incarnation != request.incarnation:
+    if not same_process(member, request.incarnation):
         # Another process using this member id (or an earlier start of this
         # one): it is told it is not the member; the member itself is untouched.
         return _fence(draft, request, HeartbeatStatus.FENCED_MEMBER_EPOCH)
@@ -210,7 +248,7 @@ def _join(draft: Draft, request: HeartbeatRequest) -> HeartbeatOutcome:
         # claims here would let a member that was fenced keep reading.
         return _reject(draft.original, request, HeartbeatStatus.INVALID_REQUEST, draft.config)
     existing = draft.group.members.get(member_id)
-    if existing is not None and existing.incarnation != request.incarnation:
+    if existing is not None and not same_process(existing, request.incarnation):
         if existing.static_leave_at_ms is None and (
             existing.live or draft.group.shards_held_by(member_id)
         ):
@@ -238,7 +276,7 @@ def _join(draft: Draft, request: HeartbeatRequest) -> HeartbeatOutcome:
 
 def _leave(draft: Draft, request: HeartbeatRequest) -> HeartbeatOutcome:
     member = draft.group.members.get(request.member_id)
-    if member is not None and member.incarnation != request.incarnation:
+    if member is not None and not same_process(member, request.incarnation):
         # A forged leave, or a late one from an earlier start of the process:
         # the member of this incarnation may be reading, so nothing is freed.
         return _fence(draft, request, HeartbeatStatus.FENCED_MEMBER_EPOCH)

@@ -1,5 +1,5 @@
 """The coordinator's group aggregate: a group document plus one record per member
-(see ``store.py`` for how they are laid out in Redis).
+(see ``store/metadata.py`` for how they are laid out in Redis).
 
 Ownership is kept as two shard -> member maps:
 
@@ -23,6 +23,7 @@ place (its own copy), and it drops the index when it does.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic.alias_generators import to_camel
@@ -51,6 +52,25 @@ class ShardProgress(_Aggregate):
     last_acked_id: str | None = None
     pending_count: int = 0
     updated_at_ms: int | None = None
+
+
+#: The stored identity of a member whose client sends no incarnation (the
+#: reference clients): the principal that joined it, so that no other
+#: credential can act as that member (leave it, report for it).
+PRINCIPAL_IDENTITY: Final = "principal:"
+
+
+def same_process(member: MemberMetadata, incarnation: str | None) -> bool:
+    """Whether a request under ``incarnation`` comes from the process ``member`` is.
+
+    ``incarnation`` is the request's, or the principal identity the core put
+    in its place (``caller_identity``).  A record stored before principal
+    identities existed has none: it accepts what it accepted then (no
+    incarnation), from any principal, until its member joins again.
+    """
+    if member.incarnation is None and incarnation is not None:
+        return incarnation.startswith(PRINCIPAL_IDENTITY)
+    return member.incarnation == incarnation
 
 
 class MemberMetadata(_Aggregate):

@@ -3,7 +3,7 @@
 The shard streams of a prefix are shared by all of its consumer groups, so
 provisioning, probing and retiring a shard are stream-wide decisions taken
 from every group's state at once.  They are made here, over plain values and
-an injected ``now``; ``streamkit_server/resharding.py`` only does the Redis
+an injected ``now``; ``streamkit_server/coordination/resharding.py`` only does the Redis
 work a plan names and feeds the outcomes back through ``DrainPlan``.
 
 The safety rules these functions hold:

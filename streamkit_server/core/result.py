@@ -4,7 +4,7 @@ Kafka's group coordinator answers every request with ``CoordinatorResult(records
 response)``: the runtime appends the records and only then sends the response.
 ``Result`` is the same shape.  ``changes`` are small typed records that say
 *what* changed, so the store can write just that: a steady heartbeat changes
-one member record, and only that record is written (see ``store.py``).
+one member record, and only that record is written (see ``store/metadata.py``).
 
 ``state`` is the group after the operation (``None`` once it is deleted); the
 service threads it through a batch of operations and keeps it as its parse

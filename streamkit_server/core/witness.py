@@ -33,7 +33,7 @@ from streamkit.protocol import HeartbeatRequest
 
 from .config import CoordinatorConfig
 from .draft import epoch_floor
-from .model import GroupMetadata
+from .model import GroupMetadata, same_process
 
 __all__ = ["VERSION_SLACK", "Witness", "rollback_witness"]
 
@@ -74,7 +74,7 @@ def rollback_witness(
         return Witness.UNKNOWN_MEMBER
     if not member.live:
         return Witness.NOT_LIVE
-    if member.incarnation != request.incarnation:
+    if not same_process(member, request.incarnation):
         return Witness.OTHER_INCARNATION
     since_written = max(0, now_ms - group.updated_at_ms)
     if request.metadata_version > group.metadata_version + VERSION_SLACK + since_written:

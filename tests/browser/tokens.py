@@ -9,7 +9,7 @@ test launcher's token secret.  When configurable principals exist, replace
 from __future__ import annotations
 
 from streamkit.testing.coordinator import TEST_TOKEN_SECRET
-from streamkit_server.security import Authenticator, Principal, Role
+from streamkit_server.auth.security import Authenticator, Principal, Role
 
 __all__ = ["read_only_token"]
 

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from streamkit.testing import RedisTarget
-from streamkit_server.principals import hash_password
+from streamkit_server.auth.principals import hash_password
 
 from .support import REPO, Admin, app_env
 

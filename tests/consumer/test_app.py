@@ -14,7 +14,7 @@ from dependency_injector.wiring import Provide, inject
 from streamkit import GroupNotFoundError, Message, Publisher, StreamKit
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import TEST_TOKEN_SECRET, CoordinatorProcess
-from streamkit_server.security import Authenticator, Principal, Role
+from streamkit_server.auth.security import Authenticator, Principal, Role
 
 from .support import Admin, InProcessApp, eventually, in_process_settings, serving
 

@@ -19,7 +19,7 @@ import pytest
 from streamkit import ListenerConfigError, Message, StreamKit
 from streamkit.provisioning import ProvisioningError
 from streamkit.testing import RedisTarget
-from streamkit_server.principals import hash_password
+from streamkit_server.auth.principals import hash_password
 
 from .support import Admin
 

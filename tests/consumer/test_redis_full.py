@@ -38,7 +38,11 @@ async def test_a_full_redis_refuses_publishes_clearly_and_consumers_drain(
     coordinator_factory: Callable[..., CoordinatorProcess],
 ) -> None:
     target = RedisTarget(private_redis_server.url, cluster=False)
-    coordinator = coordinator_factory(target)
+    # Leases long enough to drain the backlog while every heartbeat is refused
+    # (production's 30 s; the suite's default of 1.5 s would end them first).
+    coordinator = coordinator_factory(
+        target, heartbeat_interval_ms=500, member_lease_ttl_ms=20_000, rebalance_timeout_ms=20_000
+    )
     await Admin(coordinator).create_group(PREFIX, GROUP, 2)
     r: Any = redis.asyncio.Redis.from_url(private_redis_server.url)
     app = StreamKit(**in_process_settings(coordinator, target, "full"))

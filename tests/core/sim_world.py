@@ -45,7 +45,7 @@ from streamkit_server.core.result import (
 )
 from streamkit_server.core.rollback import Seen
 from streamkit_server.core.rollback import observe as core_observe
-from streamkit_server.store import WRITE_LOG_SIZE
+from streamkit_server.store.metadata import WRITE_LOG_SIZE
 
 from .coverage import SimulationCoverage
 
@@ -132,7 +132,7 @@ class Redis:
         return revision + 1
 
     def passed_only_by_others(self, copy: Snapshot, mine: frozenset[str]) -> bool:
-        """The steady-write script's check (``store._STEADY_PRELUDE``): ``copy`` is
+        """The steady-write script's check (``store.scripts.STEADY_PRELUDE``): ``copy`` is
         on the current history line (its revision and writeId: the same snapshot),
         within the write log's reach, and every write since wrote only member
         records, none of ``mine``."""

@@ -11,8 +11,14 @@ import redis.asyncio
 
 from streamkit.consumer.dead_letter import DeadLetter
 from streamkit.consumer.failure import dead_letter_fields
+from streamkit_server.coordination.timings import (
+    LIVE_MS,
+    TimingConflict,
+    Timings,
+    coordinators_key,
+    encode,
+)
 from streamkit_server.core import CoordinatorConfig, MemberMetadata
-from streamkit_server.timings import LIVE_MS, TimingConflict, Timings, coordinators_key, encode
 
 PREFIX = "redis-stream:coord"
 CONFIG = CoordinatorConfig(heartbeat_interval_ms=200, member_lease_ttl_ms=1_500)

@@ -1,0 +1,1 @@
+"""What the coordinator reports: metrics, the metrics listener, gauges, health, the audit stream."""
