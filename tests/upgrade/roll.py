@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,6 +141,16 @@ class Fleet:
         for side in consumers:
             self.add_consumer(side)
         self.start_publisher(publisher)
+        # A loaded machine takes seconds to start a Python process: the load
+        # starts once every process works, not when it was spawned.
+        await self.ready(self.record_files, self.workdir / "publisher.rec")
+
+    async def ready(self, *records: Path | list[Path], within: float = 90.0) -> None:
+        """Wait until each record file holds a first record (a consumer's
+        assignment, the publisher's first entry)."""
+        files = [f for r in records for f in (r if isinstance(r, list) else [r])]
+        await _until(lambda: all(f.exists() and f.stat().st_size > 0 for f in files), files, within)
+        self.note(f"ready: {', '.join(f.name for f in files)}")
 
     async def add_coordinator(self, side: Side) -> CoordinatorProcess:
         proc = CoordinatorProcess(
@@ -247,6 +258,7 @@ class Fleet:
         began = time.monotonic_ns()
         _, old = self.consumers[index]
         self.add_consumer(to)
+        await self.ready(self.record_files[-1])  # as a readiness probe would
         await asyncio.sleep(overlap_s)
         await self.stop_consumer(old)
         self.spans.append(checks.FaultSpan(f"consumer to {to.name}", began, time.monotonic_ns()))
@@ -255,6 +267,9 @@ class Fleet:
         began = time.monotonic_ns()
         await self.stop_publisher()  # it goes on after the last seq its record holds
         self.start_publisher(to)
+        record = self.workdir / "publisher.rec"
+        published = record.stat().st_size
+        await _until(lambda: record.stat().st_size > published, "the publisher's first entry")
         self.spans.append(checks.FaultSpan(f"publisher to {to.name}", began, time.monotonic_ns()))
 
     async def roll(self, to: Side, dwell_s: float) -> None:
@@ -318,6 +333,16 @@ class Fleet:
         await self.lb.close()
         if self.redis is not None:
             await asyncio.to_thread(self.redis.stop)
+
+
+async def _until(check: Callable[[], bool], what: object, within: float = 90.0) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        if check():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not started within {within:.0f} s: {what}")
+        await asyncio.sleep(0.1)
 
 
 def summary(verdict: checks.Verdict) -> str:
