@@ -132,12 +132,16 @@ class Fleet:
 
     # -- set-up ------------------------------------------------------------------
 
-    async def start(self, coordinators: list[Side], consumers: list[Side], publisher: Side) -> None:
+    async def start(
+        self, coordinators: list[Side], consumers: list[Side], publisher: Side | None
+    ) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         await self.lb.start()
         self.redis = await asyncio.to_thread(RedisServer().start)
         await asyncio.gather(*(self.add_coordinator(side) for side in coordinators))
         await self.create_group()
+        if publisher is None:
+            return
         for side in consumers:
             self.add_consumer(side)
         self.start_publisher(publisher)

@@ -1,7 +1,7 @@
 """N/N-1: the current tree beside the previous release on one Redis, under load.
 
 The previous release is a pinned commit of this repository (``release.py``),
-in a virtualenv of its own.  Both tests judge the run as the chaos soak does:
+in a virtualenv of its own.  The tests under load judge as the chaos soak does:
 0 lost, 0 overlapping reads, 0 reads without a lease, per-key order kept.
 
 * ``test_old_and_new_side_by_side`` (default run, 18 to 30 s): an old and a
@@ -9,6 +9,8 @@ in a virtualenv of its own.  Both tests judge the run as the chaos soak does:
   10 s, every connection cut each second so each member's heartbeats go to
   both; the old release runs on this environment's dependencies (its
   isolated install costs 85 to 171 s, more than the CI budget).
+* ``test_a_member_without_incarnation_heartbeats_to_both_releases`` (strict
+  xfail, about 25 s): a known gap, see docs/operations.md.
 * ``test_roll_forward_and_back`` (``-m long``, about 2 minutes, the old
   release's own install, built once and cached): a coordinator pair, a
   publisher and three consumers, all old, rolled to the current tree one
@@ -22,6 +24,7 @@ import os
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from .release import PREVIOUS, available, previous_release
@@ -89,3 +92,42 @@ async def test_roll_forward_and_back(tmp_path: Path) -> None:
     finally:
         await fleet.close()
     _check(fleet, verdict, began)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known N/N-1 gap (docs/operations.md, Upgrades and rollbacks): this tree stores "
+    "'principal:<name>' as the incarnation of a member that sends none, and the previous "
+    "release compares it with the request's (none), so it fences that member",
+)
+async def test_a_member_without_incarnation_heartbeats_to_both_releases(tmp_path: Path) -> None:
+    """A member of another client (no ``incarnation``, as the reference clients)
+    joins through the current tree; its next heartbeat goes to the old release."""
+    old, new = Side.of(previous_release()), Side.current()
+    fleet = Fleet(tmp_path, shards=2)
+    try:
+        await fleet.start(coordinators=[new, old], consumers=[], publisher=None)
+        by_release = {side.name: proc for side, proc in fleet.coordinators}
+        new_proc, old_proc = by_release["new"], by_release["old"]
+        path = f"/coord/v1/streams/{fleet.prefix}/groups/{fleet.group}/members/m1/heartbeat"
+        body = {
+            "protocolVersion": 1,
+            "requestId": "r0",
+            "memberId": "m1",
+            "memberEpoch": 0,
+            "metadataVersion": 0,
+            "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1, "availableConcurrency": 1},
+        }
+        async with httpx.AsyncClient(auth=new_proc.admin_auth, timeout=10) as http:
+            joined = (await http.post(new_proc.url + path, json=body)).json()
+            assert joined["status"] == "OK", joined
+            again = dict(
+                body,
+                requestId="r1",
+                memberEpoch=joined["memberEpoch"],
+                metadataVersion=joined["metadataVersion"],
+            )
+            answer = (await http.post(old_proc.url + path, json=again)).json()
+    finally:
+        await fleet.close()
+    assert answer["status"] == "OK", answer
