@@ -24,13 +24,13 @@ from typing import Any
 
 from streamkit.connections import AsyncRedis
 from streamkit.consumer.failure import (
-    DEAD_LETTER_FIELDS,
     X_ATTEMPTS,
     X_ERROR,
     X_FAILED_AT,
     X_GROUP,
     X_ORIGINAL_ID,
     X_ORIGINAL_STREAM,
+    is_metadata,
 )
 from streamkit.numerals import ascii_uint
 from streamkit.publisher.encoding import PAYLOAD_FIELD
@@ -53,11 +53,7 @@ class DeadLetter:
     @property
     def original(self) -> dict[bytes, bytes]:
         """The entry as it was published (without the ``x-*`` metadata)."""
-        return {
-            k: v
-            for k, v in self.fields.items()
-            if k.decode(errors="replace") not in DEAD_LETTER_FIELDS
-        }
+        return {k: v for k, v in self.fields.items() if not is_metadata(k.decode(errors="replace"))}
 
     def as_json(self) -> dict[str, Any]:
         return {

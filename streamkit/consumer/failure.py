@@ -47,7 +47,16 @@ DEAD_LETTER_FIELDS: Final = (
     X_ERROR,
     X_FAILED_AT,
 )
+#: Names a later release may add to a dead letter (a format version, say):
+#: this release already keeps them out of a replayed entry, so a dead letter
+#: written by the next release is replayed here without them (N/N-1).
+RESERVED_PREFIX: Final = "x-streamkit-"
 NACKED: Final = "nacked by the handler"
+
+
+def is_metadata(name: str) -> bool:
+    """Whether a dead letter's field is streamkit's metadata, not the entry's own."""
+    return name in DEAD_LETTER_FIELDS or name.startswith(RESERVED_PREFIX)
 
 
 class PayloadError(StreamkitError, ValueError):
@@ -184,9 +193,7 @@ def dead_letter_fields(
     An entry that was dead-lettered before and replayed gets fresh metadata
     (the old ``x-*`` fields are replaced, not repeated).
     """
-    out: dict[Any, Any] = {
-        k: v for k, v in raw_fields.items() if _text(k) not in DEAD_LETTER_FIELDS
-    }
+    out: dict[Any, Any] = {k: v for k, v in raw_fields.items() if not is_metadata(_text(k))}
     when = int(time.time() * 1000) if failed_at_ms is None else failed_at_ms
     out[X_ORIGINAL_STREAM] = stream_key
     out[X_ORIGINAL_ID] = entry_id

@@ -70,7 +70,9 @@ class CoordinatorProcess(ManagedProcess):
     Timings default to short, test-friendly values; pass ``None`` to use the
     server's own defaults.  ``env`` adds or overrides ``STREAMKIT_SERVER_*``.
     The member API stays authenticated, as in production: members use
-    ``member_auth`` (the admin holds the MEMBER role).
+    ``member_auth`` (the admin holds the MEMBER role).  ``python`` runs the
+    server with another interpreter (another release's virtualenv, with
+    ``cwd`` and ``PYTHONPATH`` in ``env`` pointing at its code).
     """
 
     def __init__(
@@ -89,6 +91,8 @@ class CoordinatorProcess(ManagedProcess):
         env: Mapping[str, str] | None = None,
         port: int | None = None,
         startup_timeout: float = 30.0,
+        python: str | os.PathLike[str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
     ) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="streamkit-coordinator-"))
         super().__init__(self._dir / "coordinator.log")
@@ -99,6 +103,8 @@ class CoordinatorProcess(ManagedProcess):
         self._fixed_port = port is not None
         self._port = port if port is not None else free_port()
         self._startup_timeout = startup_timeout
+        self._python = os.fspath(python) if python is not None else sys.executable
+        self._cwd = os.fspath(cwd) if cwd is not None else None
         settings: dict[str, str | int | None] = {
             "REDIS_URL": redis_url,
             "REDIS_CLUSTER": "true" if cluster else "false",
@@ -225,7 +231,7 @@ class CoordinatorProcess(ManagedProcess):
         env.update(self._env)
         env["STREAMKIT_SERVER_PORT"] = str(self._port)
         env["PYTHONUNBUFFERED"] = "1"
-        proc = self._spawn([sys.executable, "-m", "streamkit_server"], env=env)
+        proc = self._spawn([self._python, "-m", "streamkit_server"], env=env, cwd=self._cwd)
         deadline = time.monotonic() + self._startup_timeout
         with httpx.Client(timeout=1.0) as client:
             while time.monotonic() < deadline:

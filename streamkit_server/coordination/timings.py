@@ -76,7 +76,7 @@ def differences(mine: str, theirs: str) -> str:
     out = [
         f"STREAMKIT_SERVER_{setting} is {ours.get(name)} here and {other.get(name)} there"
         for name, setting in _FIELDS
-        if ours.get(name) != other.get(name)
+        if name in ours and name in other and ours[name] != other[name]
     ]
     return "; ".join(out) or f"their timings are {theirs!r}"
 

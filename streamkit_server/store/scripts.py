@@ -290,7 +290,25 @@ return -1
 # Uses the server's clock: coordinator hosts may disagree about the time.
 # ARGV: coordinator id, encoded timings, how long the entry binds (ms).
 # Reply: {1} registered, or {0, id, their timings, ms they still bind, stopped}.
+# Timings are compared setting by setting, over the settings both entries
+# name: a later release may add a setting (its old behaviour as the default)
+# and still run beside this one (docs/operations.md, "Upgrades and rollbacks").
 REGISTER_TIMINGS = """
+local function settings(encoded)
+  local out = {}
+  for name, value in string.gmatch(encoded, '([^,=]+)=([^,]*)') do out[name] = value end
+  return out
+end
+local function agree(a, b)
+  local mine, theirs, common = settings(a), settings(b), 0
+  for name, value in pairs(mine) do
+    if theirs[name] ~= nil then
+      if theirs[name] ~= value then return false end
+      common = common + 1
+    end
+  end
+  return common > 0
+end
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 local entries = redis.call('HGETALL', KEYS[1])
@@ -303,7 +321,7 @@ for i = 1, #entries, 2 do
   local timings = stop and string.sub(rest, 1, stop - 1) or rest
   if bound < now then
     redis.call('HDEL', KEYS[1], id)
-  elseif id ~= ARGV[1] and timings ~= ARGV[2] then
+  elseif id ~= ARGV[1] and not agree(timings, ARGV[2]) then
     return {0, id, timings, bound - now, stop and 1 or 0}
   end
 end
