@@ -180,8 +180,8 @@ async def test_send_waits_for_the_ack_or_the_dead_letter_with_ms_backoff(
 
     harness.listen(app, handle)
     async with harness.running(app):
-        ok = await harness.send("k", {"payload": '{"n": 1}'})
-        bad = await harness.send("k", {"payload": '{"n": -1}'}, within=5)
+        ok = await harness.send("k", {"payload": '{"n": 1}'}, within=30)
+        bad = await harness.send("k", {"payload": '{"n": -1}'}, within=30)
     assert not ok.dead_lettered and ok.error is None
     assert bad.dead_lettered and bad.error == "ValueError: negative"
     assert bad.dead_letter is not None and bad.dead_letter["x-original-id"] == bad.result.record_id
