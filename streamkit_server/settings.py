@@ -166,8 +166,9 @@ class ServerSettings(BaseSettings):
         le=65_536,
         description=(
             "Live members one group may have (1 to 65536). A join beyond it is answered "
-            "`400 TOO_MANY_MEMBERS`; records of departed members count up to four times "
-            "this."
+            "`400 TOO_MANY_MEMBERS`. Records of departed members are kept at most four times "
+            "this many: past that a join drops the oldest that hold nothing, so restarts never "
+            "lock live processes out."
         ),
     )
     # The member API (heartbeats) needs a MEMBER principal unless this unsafe
