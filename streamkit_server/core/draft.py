@@ -18,7 +18,7 @@ from streamkit.protocol import GroupState, HeartbeatRequest, MemberState, Revoki
 from .assignor import assign
 from .config import CoordinatorConfig
 from .limits import RECORDS_PER_MEMBER_SLOT, evictable_records
-from .model import NEVER_MS, CorrectionRound, GroupMetadata, MemberMetadata, ShardProgress
+from .model import NEVER_MS, CorrectionRound, GroupMetadata, MemberMetadata, ShardProgress, identity
 
 #: Member epochs count in thousandths of a millisecond of the issuing
 #: coordinator's clock: an epoch is ``now_ms * EPOCHS_PER_MS``, or one above
@@ -102,7 +102,7 @@ class Draft:
         members[member_id] = MemberMetadata(
             member_id=member_id,
             member_name=request.member_name,
-            incarnation=request.incarnation,
+            **identity(request.incarnation),
             state=MemberState.STARTING,
             joined_at_ms=self.now,
             last_heartbeat_ms=self.now,

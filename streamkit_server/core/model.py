@@ -66,11 +66,23 @@ def same_process(member: MemberMetadata, incarnation: str | None) -> bool:
     ``incarnation`` is the request's, or the principal identity the core put
     in its place (``caller_identity``).  A record stored before principal
     identities existed has none: it accepts what it accepted then (no
-    incarnation), from any principal, until its member joins again.
+    incarnation), from any principal, until its member joins again.  So does
+    a record the previous release rewrote (it drops ``principal``, a field it
+    does not know).
     """
+    if member.principal is not None:
+        return incarnation == PRINCIPAL_IDENTITY + member.principal
     if member.incarnation is None and incarnation is not None:
         return incarnation.startswith(PRINCIPAL_IDENTITY)
     return member.incarnation == incarnation
+
+
+def identity(incarnation: str | None) -> dict[str, str | None]:
+    """The member record's ``incarnation`` and ``principal`` for a join under
+    ``incarnation`` (a principal identity is kept apart, see ``principal``)."""
+    if incarnation is not None and incarnation.startswith(PRINCIPAL_IDENTITY):
+        return {"incarnation": None, "principal": incarnation.removeprefix(PRINCIPAL_IDENTITY)}
+    return {"incarnation": incarnation, "principal": None}
 
 
 class MemberMetadata(_Aggregate):
@@ -81,6 +93,12 @@ class MemberMetadata(_Aggregate):
     # clients that send none): a join, heartbeat or leave under another
     # incarnation comes from a different process and must not act as this one.
     incarnation: str | None = None
+    # The principal that joined a member whose client sends no incarnation
+    # (``same_process``).  A field of its own, not the incarnation: the
+    # previous release compares incarnations and would take a principal
+    # stored there for another process (docs/operations.md, "Upgrades and
+    # rollbacks").
+    principal: str | None = None
     # Set when a static member left to restart (memberEpoch -2): it drained and
     # holds nothing, but its target shards stay reserved for its member id
     # until its lease runs out, so a rolling restart moves nothing.
