@@ -296,6 +296,14 @@ class ServerSettings(BaseSettings):
                     f"STREAMKIT_SERVER_{name} is empty or blank; unset it to have one "
                     "generated, or give a real value"
                 )
+        if any(c in self.key_prefix for c in "/{}%") or not self.key_prefix.isprintable() \
+                or any(c.isspace() for c in self.key_prefix):  # fmt: skip
+            # '/' marks dead-letter keys (``{prefix}/dlq/{group}``) and braces
+            # change hash tags: either would let other keys enter the prefix.
+            raise ValueError(
+                "STREAMKIT_SERVER_KEY_PREFIX must not contain '/', braces, '%', whitespace "
+                "or control characters"
+            )
         self.coordinator_config()  # raises ValueError on inconsistent timings
         self.metrics_address()  # raises ValueError on a bad or non-loopback address
         self.principal_entries()  # raises ValueError on a malformed principals document

@@ -43,7 +43,7 @@ from streamkit_server.core import (
 from streamkit_server.errors import CoordinatorError
 from streamkit_server.observability.metrics import Metrics
 from streamkit_server.settings import ServerSettings
-from streamkit_server.store.keys import GroupKeys
+from streamkit_server.store.keys import GroupKeys, inside_key_prefix
 from streamkit_server.store.metadata import MetadataStore
 from streamkit_server.store.mutex import MutexTimeout
 from streamkit_server.store.provisioning import Provisioner
@@ -120,9 +120,21 @@ class CoordinatorService:
 
     # -- admin -----------------------------------------------------------------------
 
+    def _refuse_reserved(self, stream_prefix: str) -> None:
+        # The coordinator's own keys live under key_prefix: a stream there could
+        # be, or overwrite, a rate-limit counter or a group's metadata.
+        key_prefix = self.settings.key_prefix
+        if inside_key_prefix(key_prefix, stream_prefix):
+            raise CoordinatorError(
+                "INVALID_STREAM_PREFIX",
+                f"streamPrefix {stream_prefix!r} lies inside the coordinator's key prefix "
+                f"{key_prefix!r}; choose a name that does not start with {key_prefix + ':'!r}",
+            )
+
     async def create_stream(
         self, stream_prefix: str, request: CreateStreamRequest, ordering: Ordering | None = None
     ) -> StreamCreateResponse:
+        self._refuse_reserved(stream_prefix)
         count = request.initial_shard_count or self.settings.default_shard_count
         async with self.gate.critical(), self.stream_lock(stream_prefix):
             if await self.store.read_stream_record(stream_prefix) is not None:
@@ -146,6 +158,7 @@ class CoordinatorService:
         self, keys: GroupKeys, request: CreateGroupRequest, ordering: Ordering | None = None
     ) -> GroupResponse:
         prefix = keys.stream_prefix
+        self._refuse_reserved(prefix)
         async with self.gate.critical(), self.stream_lock(prefix):
             record = await read_record(self.store, prefix)
             others = await self._stream_groups(prefix, record, exclude=keys.consumer_group)
