@@ -199,6 +199,30 @@ class ServerSettings(BaseSettings):
             "answered `RETRY` and an admin mutation `503 COORDINATOR_BUSY`."
         ),
     )
+    max_header_bytes: int = Field(
+        default=16 * 1024,
+        ge=1024,
+        description=(
+            "A request line and headers above this size are refused with `431` and the "
+            "connection closed, before they are parsed further."
+        ),
+    )
+    header_timeout_ms: int = Field(
+        default=10_000,
+        ge=100,
+        description=(
+            "A connection that has not sent complete request headers this long after it "
+            "opened (or after the first byte of its next request) is closed."
+        ),
+    )
+    body_timeout_ms: int = Field(
+        default=30_000,
+        ge=100,
+        description=(
+            "A request body not complete this long after the server began reading it is "
+            "refused with `408 REQUEST_TIMEOUT`."
+        ),
+    )
     max_body_bytes: int = Field(
         default=1024 * 1024,
         ge=1024,

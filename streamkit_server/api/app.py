@@ -27,6 +27,7 @@ from streamkit_server.api.audit import AuditMiddleware
 from streamkit_server.api.console import mount_console
 from streamkit_server.api.deps import authorize
 from streamkit_server.api.errors import BodyLimitMiddleware, install_error_handlers
+from streamkit_server.api.guards import BodyDeadlineMiddleware, RequestIdMiddleware
 from streamkit_server.api.heartbeat_path import CoordinatorApp, HeartbeatPath
 from streamkit_server.api.links import add_links
 from streamkit_server.runtime import Runtime
@@ -95,10 +96,14 @@ def create_app(
     # Innermost: heartbeats are still capped, audited and timed (see its docstring).
     app.add_middleware(HeartbeatPath, runtime=runtime)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyDeadlineMiddleware, timeout_s=settings.body_timeout_ms / 1000)
     # Outermost, so it also sees the body limit's 413s.
     app.add_middleware(AuditMiddleware)
     # Outside even the audit: its time is part of what a client waits for.
     app.add_middleware(performance.RequestMetricsMiddleware, metrics=runtime.metrics)
+    # Outermost: nothing downstream (log, audit record, audit stream) sees an
+    # X-Request-Id of unsafe shape or size.
+    app.add_middleware(RequestIdMiddleware)
     for module in (auth, admin, resharding, members, monitoring, dead_letters, performance,
                    grafana):  # fmt: skip
         app.include_router(module.router)
