@@ -249,14 +249,18 @@ class ServerSettings(BaseSettings):
         default=10,
         ge=0,
         description=(
-            "Failed logins (login endpoint or Basic credentials) per username tried per "
-            "minute before `429` (0: off). See [rate limits](#rate-limits)."
+            "Failed logins (login endpoint or Basic credentials) per username tried and client "
+            "address, per minute, before that pair gets `429` (0: off). See "
+            "[rate limits](#rate-limits)."
         ),
     )
-    login_failures_per_client_per_minute: int = Field(
-        default=30,
+    login_failures_backstop_per_minute: int = Field(
+        default=100,
         ge=0,
-        description="The same per client address.",
+        description=(
+            "Failed logins of all names and addresses together per minute; above it, only "
+            "pairs without a failure in the window are still checked (0: off)."
+        ),
     )
     # Admin mutations (WRITE routes) per principal per minute.
     admin_mutations_per_minute: int = Field(

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import json
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -23,7 +25,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from streamkit_server.auth.principals import PrincipalEntry, credential_fingerprint, verify_password
+from streamkit_server.auth.principals import (
+    PrincipalEntry,
+    credential_fingerprint,
+    hash_password,
+    verify_password,
+)
 
 __all__ = [
     "ADMIN_ROLES",
@@ -98,6 +105,12 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+@functools.cache
+def _dummy_hash() -> str:
+    # Same scrypt parameters as ``hash_password``; made once, on first use.
+    return hash_password(secrets.token_urlsafe(16))
+
+
 class Authenticator:
     """Passwords (bootstrap admin + configured principals) and signed tokens.
 
@@ -157,6 +170,9 @@ class Authenticator:
             pass_ok = hmac.compare_digest(password.encode(), self._password)
             if user_ok and pass_ok:
                 return Principal(self.admin_username, ADMIN_ROLES, "basic")
+            # An unknown name (or the admin's with a wrong password) costs what a
+            # configured principal's check costs: timing does not tell which exist.
+            verify_password(password, _dummy_hash())
             return None
         key = (username, hashlib.sha256(entry.password_hash.encode() + password.encode()).digest())
         if key in self._verified:
