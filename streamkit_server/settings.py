@@ -307,6 +307,13 @@ class ServerSettings(BaseSettings):
         "info",
         description="Log level of the coordinator and of uvicorn.",
     )
+    api_explorer: bool = Field(
+        False,
+        description=(
+            "Serve the interactive API explorer (Swagger UI) at `/docs`; it loads its "
+            "scripts from cdn.jsdelivr.net. `/openapi.json` is always served."
+        ),
+    )
     access_log: bool = Field(
         False,
         description="Write uvicorn's access log line for every request.",

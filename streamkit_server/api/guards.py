@@ -177,3 +177,56 @@ def guarded_protocol(base: type[Any], header_timeout_s: float, max_header_bytes:
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded
+
+
+_UNSAFE_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_DEFAULT_PORTS: Final = {"http": "80", "https": "443"}
+
+
+def _netloc(scheme: str, host: str) -> str:
+    host = host.strip().lower()
+    port = _DEFAULT_PORTS.get(scheme)
+    return host[: -len(port) - 1] if port and host.endswith(f":{port}") else host
+
+
+class SameOriginMiddleware:
+    """Refuse (``403 CROSS_ORIGIN_REQUEST``) a mutation a browser sends from another origin.
+
+    A form on a foreign page can POST here with Basic credentials the browser
+    has cached; browsers mark such requests with ``Origin`` (and
+    ``Sec-Fetch-Site``).  Programs (consumers, the CLI, curl) send neither and
+    pass; the console is same-origin.  Behind a proxy that rewrites ``Host``,
+    ``X-Forwarded-Host`` is compared too (a cross-origin page cannot set it
+    without a CORS preflight, which this server never grants).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method") in _UNSAFE_METHODS:
+            problem = self._problem(scope)
+            if problem is not None:
+                from streamkit_server.api.errors import error_response  # no import cycle
+
+                response = error_response(403, "CROSS_ORIGIN_REQUEST", problem)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    def _problem(scope: Scope) -> str | None:
+        headers = {k: v.decode("latin-1") for k, v in scope.get("headers", ())}
+        origin = headers.get(b"origin")
+        if origin is None:
+            if headers.get(b"sec-fetch-site", "same-origin") in ("cross-site", "same-site"):
+                return "a browser sent this change from another site; use the console"
+            return None
+        scheme, sep, rest = origin.partition("://")
+        if not sep:
+            return f"Origin {origin[:100]!r} is not this server; changes are same-origin only"
+        seen = _netloc(scheme, rest.split("/", 1)[0])
+        hosts = [headers.get(b"host"), headers.get(b"x-forwarded-host")]
+        if any(h is not None and _netloc(scheme, h.split(",")[0]) == seen for h in hosts):
+            return None
+        return f"Origin {origin[:100]!r} is not this server; changes are same-origin only"
