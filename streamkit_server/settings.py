@@ -93,8 +93,8 @@ class ServerSettings(BaseSettings):
     principals: str | None = Field(
         None,
         description=(
-            "Principals besides the admin, as JSON (`username`, `passwordHash`, `roles`; "
-            "see [Authentication](#authentication))."
+            "Principals besides the admin, as JSON (`username`, `passwordHash`, `roles`, "
+            "optional `streams`/`groups` patterns; see [Authentication](#authentication))."
         ),
     )
     principals_file: str | None = Field(

@@ -22,6 +22,7 @@ __all__ = [
     "Caller",
     "authorize",
     "check_role",
+    "check_scope",
     "group_keys",
     "login_guard",
     "optional_principal",
@@ -133,15 +134,29 @@ def route_key(request: Request) -> str:
     return request.url.path
 
 
+def check_scope(principal: Principal | None, prefix: str | None, group: str | None) -> None:
+    """403 when ``principal``'s scope (auth/scope.py) does not cover the stream/group named."""
+    if principal is None or not principal.scopes or prefix is None:
+        return
+    if not principal.allows(prefix, group):
+        named = f"stream {prefix!r}" + (f", group {group!r}" if group is not None else "")
+        raise ApiError(403, "FORBIDDEN", f"{principal.username!r} is not allowed on {named}")
+
+
 async def authorize(request: Request) -> Principal | None:
-    """The caller, checked against ``access.ROUTE_ROLES`` for the current route."""
+    """The caller, checked against ``access.ROUTE_ROLES`` and its scope for the current route."""
     role = required_role(route_key(request))
+    params = request.path_params
+    prefix, group = params.get("streamPrefix"), params.get("consumerGroup")
     if role is None:
-        return await optional_principal(request)
+        principal = await optional_principal(request)
+        check_scope(principal, prefix, group)
+        return principal
     if role is Role.MEMBER and runtime(request).settings.insecure_member_api:
         # The unsafe STREAMKIT_SERVER_INSECURE_MEMBER_API switch (warned at start-up).
         return None
     principal = await check_role(request, role)
+    check_scope(principal, prefix, group)
     await _rate_limit(request, role, principal)
     return principal
 
