@@ -43,6 +43,7 @@ from streamkit_server.core import (
 from streamkit_server.errors import CoordinatorError
 from streamkit_server.observability.metrics import Metrics
 from streamkit_server.settings import ServerSettings
+from streamkit_server.store.bulk import load_many
 from streamkit_server.store.keys import GroupKeys, inside_key_prefix
 from streamkit_server.store.metadata import MetadataStore
 from streamkit_server.store.mutex import MutexTimeout
@@ -286,13 +287,18 @@ class CoordinatorService:
     async def load_groups(
         self, stream_prefix: str, names: Iterable[str]
     ) -> dict[str, GroupMetadata]:
-        """The named groups of a stream as stored; a deleted group simply drops out."""
-        out: dict[str, GroupMetadata] = {}
-        for name in names:
-            loaded = await self.store.load(self.keys(stream_prefix, name))
-            if loaded is not None:
-                out[name] = loaded.group
-        return out
+        """The named groups of a stream as stored; a deleted group simply drops out.
+
+        In one round trip (``store.bulk``): a create or scale reads every other
+        group of its stream.
+        """
+        ordered = list(names)
+        found = await load_many(self.store, [self.keys(stream_prefix, n) for n in ordered])
+        return {
+            name: loaded.group
+            for name, loaded in zip(ordered, found, strict=True)
+            if loaded is not None
+        }
 
     async def sync_stream_record(
         self,
