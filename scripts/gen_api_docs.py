@@ -183,7 +183,8 @@ page and the code disagree. -->
 
 This page is generated from the OpenAPI document of `streamkit_server`
 (title *{title}*, version `{version}`). A running coordinator serves the same
-document live at `/openapi.json`, with an interactive explorer at `/docs`;
+document live at `/openapi.json`, with an interactive explorer at `/docs`
+when `STREAMKIT_SERVER_API_EXPLORER=true` (it loads scripts from a CDN);
 both are unauthenticated, like `/healthz`, `/livez` and `/readyz`; these and
 `/metrics` (role `READ`) are left out
 of the document.

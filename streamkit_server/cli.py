@@ -23,10 +23,12 @@ from typing import Any, Final
 import uvicorn
 from pydantic import ValidationError
 from redis.exceptions import RedisError
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from streamkit.connections import redacted_url
 from streamkit.version import package_version
 from streamkit_server.api import create_app
+from streamkit_server.api.guards import guarded_protocol
 from streamkit_server.auth.principals import hash_password
 from streamkit_server.auth.token_versions import revoke
 from streamkit_server.coordination.timings import TimingConflict, Timings
@@ -293,6 +295,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         lifespan="on",
         timeout_graceful_shutdown=max(1, settings.mutex_ttl_ms // 1000 + 5),
         server_header=False,
+        # Header size and time bounded whichever parser uvicorn picks (api/guards.py).
+        http=guarded_protocol(
+            AutoHTTPProtocol, settings.header_timeout_ms / 1000, settings.max_header_bytes
+        ),
+        h11_max_incomplete_event_size=settings.max_header_bytes,
     )
     server = _Server(config, app.state.runtime)
     server.run()

@@ -19,6 +19,7 @@ from streamkit_server.auth.security import Authenticator
 from streamkit_server.auth.token_secret import shared_token_secret
 from streamkit_server.auth.token_versions import TokenVersions
 from streamkit_server.coordination.dead_letters import DeadLetters
+from streamkit_server.coordination.dlq_migration import migrate_dead_letters
 from streamkit_server.coordination.drain import DrainProber
 from streamkit_server.coordination.gate import TerminatingGate
 from streamkit_server.coordination.loop import TickLoop
@@ -137,6 +138,10 @@ class Runtime:
             await store.rebuild_index()
         except RedisError as exc:  # the tick loop retries it
             log.warning("could not rebuild the group index at start-up: %s", exc)
+        try:
+            await migrate_dead_letters(self._client, store)
+        except RedisError as exc:  # the next start finishes it
+            log.warning("could not move old dead-letter streams at start-up: %s", exc)
         self.timings = Timings(
             self._client,
             self.settings.key_prefix,

@@ -93,8 +93,8 @@ class ServerSettings(BaseSettings):
     principals: str | None = Field(
         None,
         description=(
-            "Principals besides the admin, as JSON (`username`, `passwordHash`, `roles`; "
-            "see [Authentication](#authentication))."
+            "Principals besides the admin, as JSON (`username`, `passwordHash`, `roles`, "
+            "optional `streams`/`groups` patterns; see [Authentication](#authentication))."
         ),
     )
     principals_file: str | None = Field(
@@ -200,6 +200,30 @@ class ServerSettings(BaseSettings):
             "answered `RETRY` and an admin mutation `503 COORDINATOR_BUSY`."
         ),
     )
+    max_header_bytes: int = Field(
+        default=16 * 1024,
+        ge=1024,
+        description=(
+            "A request line and headers above this size are refused with `431` and the "
+            "connection closed, before they are parsed further."
+        ),
+    )
+    header_timeout_ms: int = Field(
+        default=10_000,
+        ge=100,
+        description=(
+            "A connection that has not sent complete request headers this long after it "
+            "opened (or after the first byte of its next request) is closed."
+        ),
+    )
+    body_timeout_ms: int = Field(
+        default=30_000,
+        ge=100,
+        description=(
+            "A request body not complete this long after the server began reading it is "
+            "refused with `408 REQUEST_TIMEOUT`."
+        ),
+    )
     max_body_bytes: int = Field(
         default=1024 * 1024,
         ge=1024,
@@ -226,14 +250,18 @@ class ServerSettings(BaseSettings):
         default=10,
         ge=0,
         description=(
-            "Failed logins (login endpoint or Basic credentials) per username tried per "
-            "minute before `429` (0: off). See [rate limits](#rate-limits)."
+            "Failed logins (login endpoint or Basic credentials) per username tried and client "
+            "address, per minute, before that pair gets `429` (0: off). See "
+            "[rate limits](#rate-limits)."
         ),
     )
-    login_failures_per_client_per_minute: int = Field(
-        default=30,
+    login_failures_backstop_per_minute: int = Field(
+        default=100,
         ge=0,
-        description="The same per client address.",
+        description=(
+            "Failed logins of all names and addresses together per minute; above it, only "
+            "pairs without a failure in the window are still checked (0: off)."
+        ),
     )
     # Admin mutations (WRITE routes) per principal per minute.
     admin_mutations_per_minute: int = Field(
@@ -299,6 +327,13 @@ class ServerSettings(BaseSettings):
         "info",
         description="Log level of the coordinator and of uvicorn.",
     )
+    api_explorer: bool = Field(
+        False,
+        description=(
+            "Serve the interactive API explorer (Swagger UI) at `/docs`; it loads its "
+            "scripts from cdn.jsdelivr.net. `/openapi.json` is always served."
+        ),
+    )
     access_log: bool = Field(
         False,
         description="Write uvicorn's access log line for every request.",
@@ -316,6 +351,14 @@ class ServerSettings(BaseSettings):
                     f"STREAMKIT_SERVER_{name} is empty or blank; unset it to have one "
                     "generated, or give a real value"
                 )
+        if any(c in self.key_prefix for c in "/{}%") or not self.key_prefix.isprintable() \
+                or any(c.isspace() for c in self.key_prefix):  # fmt: skip
+            # '/' marks dead-letter keys (``{prefix}/dlq/{group}``) and braces
+            # change hash tags: either would let other keys enter the prefix.
+            raise ValueError(
+                "STREAMKIT_SERVER_KEY_PREFIX must not contain '/', braces, '%', whitespace "
+                "or control characters"
+            )
         self.coordinator_config()  # raises ValueError on inconsistent timings
         self.metrics_address()  # raises ValueError on a bad or non-loopback address
         self.principal_entries()  # raises ValueError on a malformed principals document

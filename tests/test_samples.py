@@ -144,10 +144,10 @@ async def test_orders_sample_bills_every_order_once(
             assert sorted(invoiced) == sorted(order_ids)
 
             async def dead_lettered() -> bool:
-                return int(await redis.xlen(f"{ORDERS}:dlq:{BILLING}")) == 1
+                return int(await redis.xlen(f"{ORDERS}/dlq/{BILLING}")) == 1
 
             await eventually(dead_lettered, 10, "the invalid order dead-lettered", proc.logs)
-            ((_, letter),) = await redis.xrange(f"{ORDERS}:dlq:{BILLING}")
+            ((_, letter),) = await redis.xrange(f"{ORDERS}/dlq/{BILLING}")
             assert letter[b"x-original-id"].decode() == invalid.record_id
             assert b"amount" in letter[b"x-error"] and letter[b"x-attempts"] == b"1"
 

@@ -9,7 +9,7 @@ Orders are typed: a publisher sends an ``Order`` model (``publisher.publish(
 order.order_id, order)`` writes its JSON to the ``payload`` field), and the
 handler receives it decoded and validated.  An order that cannot be decoded,
 or that still fails after the policy's last attempt, lands in the dead-letter
-stream ``orders:dlq:billing``; look at it with::
+stream ``orders/dlq/billing``; look at it with::
 
     streamkit dlq list orders billing
     # after a fix; order_id is the key the publisher routes orders by
@@ -131,7 +131,7 @@ async def goodbye() -> None:
     concurrency=2,
     batch_size=50,
     # A failing order is retried 5 times (0.2 s, 0.4 s, ... apart) while the
-    # later orders of its shard wait, then it goes to orders:dlq:billing.
+    # later orders of its shard wait, then it goes to orders/dlq/billing.
     failure_policy=FailurePolicy(max_attempts=5, backoff_initial_ms=200),
     idempotent=IDEMPOTENT,
 )

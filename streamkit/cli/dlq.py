@@ -28,7 +28,7 @@ _PrefixArg = Annotated[str, typer.Argument(help="The stream prefix, e.g. 'orders
 _GroupArg = Annotated[str, typer.Argument(help="The consumer group whose dead letters these are.")]
 _StreamOpt = Annotated[
     str | None,
-    typer.Option("--stream", help="The dead-letter stream key (default: PREFIX:dlq:GROUP)."),
+    typer.Option("--stream", help="The dead-letter stream key (default: PREFIX/dlq/GROUP)."),
 ]
 _CountOpt = Annotated[int, typer.Option(min=1, help="At most this many, oldest first.")]
 _IdsOpt = Annotated[

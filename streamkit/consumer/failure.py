@@ -30,6 +30,7 @@ __all__ = [
     "dead_letter_fields",
     "dead_letter_key",
     "describe_error",
+    "legacy_dead_letter_key",
 ]
 
 #: Fields streamkit adds to a dead-lettered entry (the original fields are kept).
@@ -92,7 +93,7 @@ class FailurePolicy:
     on_exhausted: OnExhausted = "dead_letter"
     no_retry: tuple[type[BaseException], ...] = (PayloadError,)
     no_retry_if: Callable[[BaseException], bool] | None = None
-    #: Dead-letter stream key; None: ``{stream_prefix}:dlq:{group}``.
+    #: Dead-letter stream key; None: ``{stream_prefix}/dlq/{group}``.
     dead_letter_stream: str | None = None
     #: ``MAXLEN ~`` of the dead-letter stream.
     dead_letter_maxlen: int = 100_000
@@ -168,7 +169,20 @@ class FailurePolicy:
 
 
 def dead_letter_key(stream_prefix: str, consumer_group: str) -> str:
-    """The default dead-letter stream of a group: ``{stream_prefix}:dlq:{group}``."""
+    """The default dead-letter stream of a group: ``{stream_prefix}/dlq/{group}``.
+
+    ``/`` is the one character valid stream and group names never contain, so a
+    dead-letter key can never be a shard key (``{prefix}:{n}``), another group's
+    dead-letter key, or a coordinator key (``{keyPrefix}:…``).  Before 0.2 the key was
+    ``{prefix}:dlq:{group}``: group ``0`` of ``col`` then wrote into shard 0 of
+    a stream named ``col:dlq`` (``legacy_dead_letter_key``; the coordinator moves
+    such streams at start, see docs/operations.md).
+    """
+    return f"{stream_prefix}/dlq/{consumer_group}"
+
+
+def legacy_dead_letter_key(stream_prefix: str, consumer_group: str) -> str:
+    """The dead-letter key of earlier releases (it could collide with a shard key)."""
     return f"{stream_prefix}:dlq:{consumer_group}"
 
 

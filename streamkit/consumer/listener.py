@@ -7,6 +7,7 @@ time with a clear message instead of at the first heartbeat.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -59,13 +60,25 @@ def _check_name(what: str, value: object) -> str:
         raise ListenerConfigError(f"{what} must be a non-empty string, got {value!r}")
     if len(value) > _MAX_NAME:
         raise ListenerConfigError(f"{what} must be at most {_MAX_NAME} characters")
-    bad = _FORBIDDEN.search(value)
+    if value in (".", ".."):
+        raise ListenerConfigError(f"{what} may not be {value!r} (a URL path would drop it)")
+    found = _FORBIDDEN.search(value)
+    bad = found.group() if found else _unsafe_char(value)
     if bad:
         raise ListenerConfigError(
-            f"{what} {value!r} contains {bad.group()!r}; braces, '/', '%', whitespace and "
-            "control characters are not allowed"
+            f"{what} {value!r} contains {bad!r}; braces, '/', '%', whitespace, control and "
+            "format characters are not allowed"
         )
     return value
+
+
+def _unsafe_char(value: str) -> str | None:
+    # The coordinator's rule (store/provisioning.py): control, format (U+202E),
+    # surrogate and line/paragraph separator characters.
+    for char in value:
+        if unicodedata.category(char) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
+            return char
+    return None
 
 
 def _check_positive(what: str, value: object) -> int:

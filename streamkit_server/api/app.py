@@ -28,6 +28,11 @@ from streamkit_server.api.audit import AuditMiddleware
 from streamkit_server.api.console import mount_console
 from streamkit_server.api.deps import authorize
 from streamkit_server.api.errors import BodyLimitMiddleware, install_error_handlers
+from streamkit_server.api.guards import (
+    BodyDeadlineMiddleware,
+    RequestIdMiddleware,
+    SameOriginMiddleware,
+)
 from streamkit_server.api.heartbeat_path import CoordinatorApp, HeartbeatPath
 from streamkit_server.api.links import add_links
 from streamkit_server.coordination.autoscaling import LagSampler
@@ -98,18 +103,27 @@ def create_app(
         title="Redis Stream Coordinator API (streamkit)",
         version="v1",
         lifespan=lifespan,
-        docs_url="/docs",
+        # Swagger UI loads its scripts from a CDN: served only when asked for.
+        docs_url="/docs" if settings.api_explorer else None,
         redoc_url=None,
     )
+    # A trailing-slash redirect would be built from the caller's Host header.
+    app.router.redirect_slashes = False
     app.state.runtime = runtime
     install_error_handlers(app)
     # Innermost: heartbeats are still capped, audited and timed (see its docstring).
     app.add_middleware(HeartbeatPath, runtime=runtime)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyDeadlineMiddleware, timeout_s=settings.body_timeout_ms / 1000)
+    # Form posts from foreign pages (cached Basic credentials): refused, and audited.
+    app.add_middleware(SameOriginMiddleware)
     # Outermost, so it also sees the body limit's 413s.
     app.add_middleware(AuditMiddleware)
     # Outside even the audit: its time is part of what a client waits for.
     app.add_middleware(performance.RequestMetricsMiddleware, metrics=runtime.metrics)
+    # Outermost: nothing downstream (log, audit record, audit stream) sees an
+    # X-Request-Id of unsafe shape or size.
+    app.add_middleware(RequestIdMiddleware)
     for module in (auth, admin, resharding, members, monitoring, dead_letters, performance,
                    grafana, autoscaling):  # fmt: skip
         app.include_router(module.router)
@@ -145,7 +159,8 @@ def create_app(
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> Response:
         # Unauthenticated readiness, no details (getCoordinatorHealth has the reasons).
-        down = (await runtime.health()).status is HealthStatus.DOWN
+        # ==, not `is`: the answer model holds the status as its wire string.
+        down = (await runtime.health()).status == HealthStatus.DOWN
         gate = runtime.gate
         ready = not gate.terminating and gate.suspended is None and not down
         return Response(status_code=204 if ready else 503)

@@ -24,17 +24,22 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamkit_server.auth.security import Principal, basic_username
 
-__all__ = ["REFUSALS", "AuditMiddleware", "audit_log", "audited"]
+__all__ = ["MAX_RECORD_BYTES", "REFUSALS", "AuditMiddleware", "audit_log", "audited"]
 
 audit_log = logging.getLogger("streamkit_server.audit")
 
 # Refusals worth a record: authentication, authorization, input, conflicts, limits.
 REFUSALS: Final = frozenset({400, 401, 403, 404, 409, 413, 422, 429})
 _FIELDS_MAX: Final = 256
+#: The longest audit record (JSON, UTF-8): ~20 fields of at most _FIELDS_MAX characters.
+MAX_RECORD_BYTES: Final = 8 * 1024
 
 
 def _emit(scope: Scope, record: dict[str, Any]) -> None:
-    line = json.dumps(record, separators=(",", ":"), sort_keys=True, default=str)
+    line = json.dumps(_bounded(record), separators=(",", ":"), sort_keys=True, default=str)
+    if len(line.encode()) > MAX_RECORD_BYTES:  # cannot happen with _bounded; a backstop
+        line = json.dumps({"kind": record.get("kind"), "status": record.get("status"),
+                           "truncated": True}, sort_keys=True)  # fmt: skip
     audit_log.info(line)
     app = scope.get("app")
     runtime = getattr(getattr(app, "state", None), "runtime", None)
@@ -43,16 +48,38 @@ def _emit(scope: Scope, record: dict[str, Any]) -> None:
         stream.submit(line)  # queued, never awaited: Redis cannot slow the answer
 
 
-def _from_body(body: bytes, field: str) -> str | None:
-    # Only the two accountability fields are read out of a (small) JSON body.
-    if not body or len(body) > 64 * 1024:
-        return None
+def _accountability(body: bytes) -> tuple[str | None, str | None]:
+    """``requestedBy`` and ``reason`` out of a JSON body, as the endpoint read them.
+
+    Read from any body the body limit let through (padding with whitespace
+    must not hide who asked), and parsed once.
+    """
+    if not body:
+        return None, None
     try:
         parsed = json.loads(body)
     except (ValueError, RecursionError):  # deeply nested bodies are client input too
-        return None
-    value = parsed.get(field) if isinstance(parsed, dict) else None
-    return value[:_FIELDS_MAX] if isinstance(value, str) else None
+        return None, None
+    if not isinstance(parsed, dict):
+        return None, None
+    by, reason = parsed.get("requestedBy"), parsed.get("reason")
+    return (by if isinstance(by, str) else None, reason if isinstance(reason, str) else None)
+
+
+def _bounded(record: dict[str, Any]) -> dict[str, Any]:
+    """Every caller-supplied string cut to ``_FIELDS_MAX`` characters.
+
+    Headers, path parameters and body fields all end up here; cut, a record
+    stays under ``MAX_RECORD_BYTES`` whatever a caller sends (the audit
+    stream's MAXLEN bounds the count, this bounds each entry).
+    """
+    out: dict[str, Any] = {}
+    for name, value in record.items():
+        if isinstance(value, str) and len(value) > _FIELDS_MAX:
+            value = value[:_FIELDS_MAX] + "…"
+            out["truncated"] = True
+        out[name] = value
+    return out
 
 
 def _error_code(answer: bytes) -> str | None:
@@ -71,6 +98,7 @@ def _base(scope: Scope, body: bytes, status: int, started: float) -> dict[str, A
     state = scope.get("state") or {}
     principal: Principal | None = state.get("principal")
     client = scope.get("client")
+    requested_by, reason = _accountability(body)
     return {
         "action": route.operation_id if isinstance(route, APIRoute) else None,
         "bodySha256": hashlib.sha256(body).hexdigest() if body else None,
@@ -81,9 +109,9 @@ def _base(scope: Scope, body: bytes, status: int, started: float) -> dict[str, A
         "outcome": "success" if status < 400 else "refused",
         "principal": principal.username if principal else None,
         "principalTried": None if principal else basic_username(headers.get("authorization")),
-        "reason": _from_body(body, "reason"),
+        "reason": reason,
         "requestId": headers.get("x-request-id"),
-        "requestedBy": _from_body(body, "requestedBy"),
+        "requestedBy": requested_by,
         "roles": sorted(principal.roles) if principal else [],
         "route": route.path if isinstance(route, APIRoute) else None,
         "status": status,

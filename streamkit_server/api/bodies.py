@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from streamkit import protocol as wire
 from streamkit.protocol import (
@@ -32,6 +32,7 @@ from streamkit.protocol import (
     WireModel,
 )
 from streamkit_server.core import MAX_SHARD_COUNT
+from streamkit_server.store.provisioning import unsafe_char
 from streamkit_server.store.streams import Ordering
 
 # Named like the contract's schemas (and the models they extend), so the
@@ -116,6 +117,14 @@ class HeartbeatRequest(wire.HeartbeatRequest):
     shard_progress: list[ShardConsumptionProgress] = Field(
         default_factory=list, max_length=MAX_SHARD_COUNT
     )
+
+    @field_validator("request_id", "member_id", "member_name", "incarnation")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        # They reach logs, the audit trail, the console and the CLI.
+        if value is not None and (bad := unsafe_char(value)) is not None:
+            raise ValueError(f"must not contain control or format characters (found {bad!r})")
+        return value
 
 
 class RollbackMigrationRequest(wire.RollbackMigrationRequest):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.routing import APIRoute
 
 from streamkit_server.auth.access import required_role
+from streamkit_server.auth.ratelimit import RateLimited
 from streamkit_server.auth.security import AuthError, Principal, Role, basic_username
 from streamkit_server.errors import ApiError
 from streamkit_server.runtime import Runtime
@@ -19,6 +22,7 @@ __all__ = [
     "Caller",
     "authorize",
     "check_role",
+    "check_scope",
     "group_keys",
     "login_guard",
     "optional_principal",
@@ -41,22 +45,47 @@ def _client_address(request: Request) -> str:
     return request.client.host if request.client else "-"
 
 
+def _pair(request: Request, username: str) -> str:
+    # Hashed: a bounded, printable key part whatever name or address was sent.
+    tried = f"{_client_address(request)}\x00{username}".encode()
+    return hashlib.sha256(tried).hexdigest()[:32]
+
+
 async def login_guard(request: Request, username: str | None, *, failed: bool) -> None:
-    """Look at (``failed``: count) failed logins by name tried and by address; 429 when over."""
+    """Look at (``failed``: count) failed logins; 429 when the caller's own are too many.
+
+    Counted per (name tried, client address) pair, so neither a flood of
+    wrong passwords for a name nor one address behind which many clients sit
+    (a proxy) locks anyone else out.  A global backstop bounds guessing from
+    many addresses: above it, only pairs with no failure in the window are
+    still checked, so a client that has not failed still logs in.
+    """
     rt = runtime(request)
-    if rt.limiter is None:
+    limiter = rt.limiter
+    if limiter is None:
         return
-    cost = 1 if failed else 0
     settings = rt.settings
-    await rt.limiter.check(
-        "login-client", _client_address(request), window_ms=_MINUTE_MS,
-        limit=settings.login_failures_per_client_per_minute, cost=cost,
-    )  # fmt: skip
-    if username:
-        await rt.limiter.check(
-            "login-user", username, window_ms=_MINUTE_MS,
-            limit=settings.login_failures_per_minute, cost=cost,
-        )  # fmt: skip
+    pair = _pair(request, username or "")
+    if failed:
+        await limiter.check("login-pair", pair, window_ms=_MINUTE_MS,
+                            limit=settings.login_failures_per_minute)  # fmt: skip
+        with contextlib.suppress(RateLimited):  # counted; the pair rule decides
+            await limiter.check("login-all", "failures", window_ms=_MINUTE_MS,
+                                limit=settings.login_failures_backstop_per_minute)  # fmt: skip
+        return
+    await limiter.check("login-pair", pair, window_ms=_MINUTE_MS,
+                        limit=settings.login_failures_per_minute, cost=0)  # fmt: skip
+    try:
+        await limiter.check("login-all", "failures", window_ms=_MINUTE_MS,
+                            limit=settings.login_failures_backstop_per_minute, cost=0)  # fmt: skip
+    except RateLimited as over:
+        # Under attack from many addresses: a pair that has failed waits.
+        if await limiter.peek("login-pair", pair) > 0:
+            raise RateLimited(
+                "too many failed logins on this coordinator; this name and address may "
+                f"try again in {over.retry_after_s} s",
+                over.retry_after_s,
+            ) from None
 
 
 async def optional_principal(request: Request) -> Principal | None:
@@ -105,15 +134,29 @@ def route_key(request: Request) -> str:
     return request.url.path
 
 
+def check_scope(principal: Principal | None, prefix: str | None, group: str | None) -> None:
+    """403 when ``principal``'s scope (auth/scope.py) does not cover the stream/group named."""
+    if principal is None or not principal.scopes or prefix is None:
+        return
+    if not principal.allows(prefix, group):
+        named = f"stream {prefix!r}" + (f", group {group!r}" if group is not None else "")
+        raise ApiError(403, "FORBIDDEN", f"{principal.username!r} is not allowed on {named}")
+
+
 async def authorize(request: Request) -> Principal | None:
-    """The caller, checked against ``access.ROUTE_ROLES`` for the current route."""
+    """The caller, checked against ``access.ROUTE_ROLES`` and its scope for the current route."""
     role = required_role(route_key(request))
+    params = request.path_params
+    prefix, group = params.get("streamPrefix"), params.get("consumerGroup")
     if role is None:
-        return await optional_principal(request)
+        principal = await optional_principal(request)
+        check_scope(principal, prefix, group)
+        return principal
     if role is Role.MEMBER and runtime(request).settings.insecure_member_api:
         # The unsafe STREAMKIT_SERVER_INSECURE_MEMBER_API switch (warned at start-up).
         return None
     principal = await check_role(request, role)
+    check_scope(principal, prefix, group)
     await _rate_limit(request, role, principal)
     return principal
 

@@ -43,7 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from streamkit.protocol import API_PREFIX, HeartbeatAnswer
 from streamkit_server.api import members
 from streamkit_server.api.bodies import HeartbeatRequest
-from streamkit_server.api.deps import rate_limit_member, verified_principal
+from streamkit_server.api.deps import check_scope, rate_limit_member, verified_principal
 from streamkit_server.api.errors import is_json
 from streamkit_server.api.performance import RequestMetricsMiddleware
 from streamkit_server.auth.access import required_role
@@ -167,6 +167,7 @@ class HeartbeatPath:
         if principal is not None:
             scope.setdefault("state", {})["principal"] = principal
         rt = self.runtime
+        check_scope(principal, prefix, group)  # as the route's authorize does
         if principal is not None:  # the insecure member switch skips the limit too
             await rate_limit_member(rt, prefix, group)
         service = rt.service

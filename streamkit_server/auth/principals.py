@@ -9,6 +9,11 @@ file (``STREAMKIT_SERVER_PRINCIPALS_FILE``)::
 Only hashes are configured (``streamkit-server hash-password`` prints one);
 the bootstrap admin is the single principal whose plain password comes from
 the environment.  Roles are READ, WRITE, MEMBER, or ADMIN (all three).
+Optional ``streams`` and ``groups`` lists of patterns limit the streams and
+groups the principal may name (``streamkit_server.auth.scope``)::
+
+    [{"username": "orders-consumer", "passwordHash": "scrypt$...",
+      "roles": ["MEMBER"], "groups": ["orders/*"]}]
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import json
 import secrets
 from dataclasses import dataclass
 from typing import Any, Final
+
+from streamkit_server.auth.scope import UNLIMITED, Scope, parse_patterns
 
 __all__ = ["PrincipalEntry", "credential_fingerprint", "hash_password", "parse_principals",
            "verify_password"]  # fmt: skip
@@ -74,6 +81,8 @@ class PrincipalEntry:
     password_hash: str
     # Role names as configured (ADMIN included); security.expand_roles maps them.
     roles: frozenset[str]
+    #: The streams/groups it may name (``streams``/``groups`` patterns; auth/scope.py).
+    scope: Scope = UNLIMITED
 
 
 def _entry(raw: Any) -> PrincipalEntry:
@@ -92,7 +101,11 @@ def _entry(raw: Any) -> PrincipalEntry:
     unknown = [r for r in roles if r not in ROLE_NAMES]
     if unknown:
         raise ValueError(f"principal {username!r} has unknown roles {unknown}")
-    return PrincipalEntry(username, password_hash, frozenset(roles))
+    scope = Scope(
+        parse_patterns(raw.get("streams"), f"principal {username!r}: streams"),
+        parse_patterns(raw.get("groups"), f"principal {username!r}: groups"),
+    )
+    return PrincipalEntry(username, password_hash, frozenset(roles), scope)
 
 
 def parse_principals(text: str) -> dict[str, PrincipalEntry]:

@@ -100,6 +100,16 @@ class RateLimiter:
             seconds = max(1, -(-remaining // 1000))
             raise RateLimited(f"too many {kind} requests; retry in {seconds} s", seconds)
 
+    async def peek(self, kind: str, ident: str) -> int:
+        """The count of ``ident``'s current window (0 when Redis does not answer)."""
+        try:
+            async with asyncio.timeout(_TIMEOUT_S):
+                raw = await self._client.get(f"{self._prefix}:{kind}:{ident}")
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("rate limit %s not read: %s", kind, type(exc).__name__)
+            return 0
+        return int(raw or 0)
+
     async def check_batched(self, kind: str, ident: str, *, window_ms: int, limit: int) -> None:
         """Count one event against a limit shared by the fleet, without a round trip each.
 

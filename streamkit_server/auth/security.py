@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import json
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -23,7 +25,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from streamkit_server.auth.principals import PrincipalEntry, credential_fingerprint, verify_password
+from streamkit_server.auth.principals import (
+    PrincipalEntry,
+    credential_fingerprint,
+    hash_password,
+    verify_password,
+)
+from streamkit_server.auth.scope import Scope
 
 __all__ = [
     "ADMIN_ROLES",
@@ -72,6 +80,11 @@ class Principal:
     method: str  # "basic" or "bearer"
     # The per-principal version a bearer token was issued at (None for Basic).
     token_version: int | None = None
+    #: Streams/groups it may name (auth/scope.py); every one must allow a request.
+    scopes: tuple[Scope, ...] = ()
+
+    def allows(self, stream_prefix: str, consumer_group: str | None = None) -> bool:
+        return all(scope.allows(stream_prefix, consumer_group) for scope in self.scopes)
 
 
 class AuthError(Exception):
@@ -96,6 +109,16 @@ def _b64(data: bytes) -> str:
 
 def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _limited(scope: Scope) -> tuple[Scope, ...]:
+    return () if scope.unlimited else (scope,)
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    # Same scrypt parameters as ``hash_password``; made once, on first use.
+    return hash_password(secrets.token_urlsafe(16))
 
 
 class Authenticator:
@@ -157,6 +180,9 @@ class Authenticator:
             pass_ok = hmac.compare_digest(password.encode(), self._password)
             if user_ok and pass_ok:
                 return Principal(self.admin_username, ADMIN_ROLES, "basic")
+            # An unknown name (or the admin's with a wrong password) costs what a
+            # configured principal's check costs: timing does not tell which exist.
+            verify_password(password, _dummy_hash())
             return None
         key = (username, hashlib.sha256(entry.password_hash.encode() + password.encode()).digest())
         if key in self._verified:
@@ -167,7 +193,7 @@ class Authenticator:
                 self._verified.popitem(last=False)
         else:
             return None
-        return Principal(username, expand_roles(entry.roles), "basic")
+        return Principal(username, expand_roles(entry.roles), "basic", scopes=_limited(entry.scope))
 
     def issue(
         self, principal: Principal, now: float | None = None, *, version: int = 0
@@ -183,6 +209,8 @@ class Authenticator:
             "ver": version,
             "cred": self._fingerprint(principal.username) or "",
         }
+        for scope in principal.scopes[:1]:  # a login's principal has its settings' scope
+            claims.update(scope.claims())
         body = _b64(json.dumps(claims, separators=(",", ":"), sort_keys=True).encode())
         return f"{body}.{self._sign(body)}", expires
 
@@ -226,6 +254,7 @@ class Authenticator:
             expires = int(claims["exp"])
             version = int(claims.get("ver", 0))
             cred = str(claims.get("cred", ""))
+            carried = Scope.from_claims(claims)
         except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as exc:
             raise AuthError("bearer token is malformed", bearer_error=True) from exc
         if (time.time() if now is None else now) >= expires:
@@ -235,12 +264,15 @@ class Authenticator:
         if current is None or expected is None:
             # A service token minted with the secret for a name not configured
             # here: it carries its own roles (revocable by name all the same).
-            return Principal(subject, roles, "bearer", version), expires
+            return Principal(subject, roles, "bearer", version, _limited(carried)), expires
         if not hmac.compare_digest(cred, expected):
             # The password changed since issue: the token is stale.
             raise AuthError("bearer token is no longer valid; log in again", bearer_error=True)
-        # Roles removed from the principal since issue are gone from its tokens too.
-        return Principal(subject, roles & current, "bearer", version), expires
+        # Roles removed from the principal since issue are gone from its tokens too;
+        # a scope set since applies to them as well.
+        entry = self.principals.get(subject)
+        scopes = _limited(carried) + (_limited(entry.scope) if entry is not None else ())
+        return Principal(subject, roles & current, "bearer", version, scopes), expires
 
     def authenticate(self, authorization: str | None) -> Principal | None:
         """The principal of an ``Authorization`` header; None when there is none."""

@@ -290,27 +290,43 @@
     return [Math.max(0, produced - before.produced) / dt, Math.max(0, consumed - before.consumed) / dt];
   }
 
+  // The overview's per-group details (offsets, members): fetched DETAIL_BATCH
+  // groups per round, round-robin, so a thousand groups do not mean a burst of
+  // two thousand requests (issue 36).
+  const DETAIL_BATCH = 25;
+  const detailCache = new Map();
+  let detailCursor = 0;
+
   function openOverview() {
     show("overview-view");
     document.title = "streamkit console";
     startPolling(async (current) => {
       const [, list] = await Promise.all([refreshHealth(), api("GET", "monitoring/groups")]);
       const groups = list.groups || [];
-      const details = await Promise.all(groups.map(async (g) => {
+      // At most DETAIL_BATCH groups' details per round, the next ones the round
+      // after (the others show what was read last): a round costs at most
+      // 2 + 2 * DETAIL_BATCH requests however many groups there are.
+      const batch = groups.length <= DETAIL_BATCH ? groups
+        : Array.from({ length: DETAIL_BATCH }, (_, i) => groups[(detailCursor + i) % groups.length]);
+      detailCursor = groups.length ? (detailCursor + batch.length) % groups.length : 0;
+      await Promise.all(batch.map(async (g) => {
         const base = `monitoring/${groupPath(g.streamPrefix, g.consumerGroup)}`;
         const [offsets, members] = await Promise.all([
           api("GET", `${base}/offsets`).catch(() => null),
           api("GET", `${base}/members`).catch(() => null),
         ]);
-        return { g, offsets, members };
+        const key = `${g.streamPrefix}/${g.consumerGroup}`;
+        // Rates from fresh offsets only: a cached sample would read as zero.
+        detailCache.set(key, { offsets, members, rated: offsets ? rates(key, offsets) : null });
       }));
+      const details = groups.map((g) => ({ g, ...(detailCache.get(`${g.streamPrefix}/${g.consumerGroup}`) || { offsets: null, members: null, rated: null }) }));
       if (!current()) return;
       const body = $("groups-table").querySelector("tbody");
-      body.replaceChildren(...details.map(({ g, offsets, members }) => {
+      body.replaceChildren(...details.map(({ g, offsets, members, rated }) => {
         const key = `${g.streamPrefix}/${g.consumerGroup}`;
         const assigned = Object.values(g.currentAssignmentSummary || {}).reduce((a, b) => a + b, 0);
         const live = members ? members.members.filter((m) => LIVE_MEMBER_STATES.has(m.state)).length : null;
-        const [produced, consumed] = offsets ? rates(key, offsets) : [null, null];
+        const [produced, consumed] = rated || [null, null];
         const m = g.activeMigration;
         return h("tr", { "data-group": key },
           h("td", {}, g.streamPrefix),
@@ -327,9 +343,9 @@
           h("td", {}, m ? `${m.state} ${m.fromShardCount}→${m.toShardCount}` : "—"));
       }));
       $("groups-empty").hidden = groups.length > 0;
-      // Two reads per group per round (offsets asks Redis about every shard):
+      // Two reads per group fetched (offsets asks Redis about every shard):
       // with many groups, poll less often rather than load the coordinator.
-      return Math.max(POLL_MS, groups.length * 100);
+      return Math.max(POLL_MS, batch.length * 100);
     });
   }
 

@@ -1,7 +1,7 @@
 """A consumer group's dead letters, listed and replayed by the coordinator.
 
 Consumers write dead letters (``streamkit.consumer.failure``); the coordinator only
-reads the group's default dead-letter stream (``{prefix}:dlq:{group}``) and
+reads the group's default dead-letter stream (``{prefix}/dlq/{group}``) and
 replays one entry on an operator's request, with the library's own replay
 (``streamkit.consumer.dead_letter``), so the console and ``streamkit dlq replay`` do
 the same thing:

@@ -52,7 +52,8 @@ from streamkit_server.core.streams import (
 from streamkit_server.errors import CoordinatorError
 from streamkit_server.observability.metrics import Metrics
 from streamkit_server.settings import ServerSettings
-from streamkit_server.store.keys import GroupKeys
+from streamkit_server.store.bulk import load_many
+from streamkit_server.store.keys import GroupKeys, inside_key_prefix
 from streamkit_server.store.metadata import MetadataStore
 from streamkit_server.store.mutex import MutexTimeout
 from streamkit_server.store.provisioning import Provisioner
@@ -166,9 +167,21 @@ class CoordinatorService:
 
     # -- admin -----------------------------------------------------------------------
 
+    def _refuse_reserved(self, stream_prefix: str) -> None:
+        # The coordinator's own keys live under key_prefix: a stream there could
+        # be, or overwrite, a rate-limit counter or a group's metadata.
+        key_prefix = self.settings.key_prefix
+        if inside_key_prefix(key_prefix, stream_prefix):
+            raise CoordinatorError(
+                "INVALID_STREAM_PREFIX",
+                f"streamPrefix {stream_prefix!r} lies inside the coordinator's key prefix "
+                f"{key_prefix!r}; choose a name that does not start with {key_prefix + ':'!r}",
+            )
+
     async def create_stream(
         self, stream_prefix: str, request: CreateStreamRequest, ordering: Ordering | None = None
     ) -> StreamCreateResponse:
+        self._refuse_reserved(stream_prefix)
         count = request.initial_shard_count or self.settings.default_shard_count
         async with self.gate.critical(), self.stream_lock(stream_prefix):
             exists = await self.store.read_stream_record(stream_prefix) is not None
@@ -190,6 +203,7 @@ class CoordinatorService:
         self, keys: GroupKeys, request: CreateGroupRequest, ordering: Ordering | None = None
     ) -> GroupResponse:
         prefix = keys.stream_prefix
+        self._refuse_reserved(prefix)
         async with self.gate.critical(), self.stream_lock(prefix):
             record = await read_record(self.store, prefix)
             others = await self._stream_groups(prefix, record, exclude=keys.consumer_group)
@@ -287,13 +301,18 @@ class CoordinatorService:
     async def load_groups(
         self, stream_prefix: str, names: Iterable[str]
     ) -> dict[str, GroupMetadata]:
-        """The named groups of a stream as stored; a deleted group simply drops out."""
-        out: dict[str, GroupMetadata] = {}
-        for name in names:
-            loaded = await self.store.load(self.keys(stream_prefix, name))
-            if loaded is not None:
-                out[name] = loaded.group
-        return out
+        """The named groups of a stream as stored; a deleted group simply drops out.
+
+        In one round trip (``store.bulk``): a create or scale reads every other
+        group of its stream.
+        """
+        ordered = list(names)
+        found = await load_many(self.store, [self.keys(stream_prefix, n) for n in ordered])
+        return {
+            name: loaded.group
+            for name, loaded in zip(ordered, found, strict=True)
+            if loaded is not None
+        }
 
     async def sync_stream_record(
         self,

@@ -69,3 +69,15 @@ def token_versions_key(key_prefix: str) -> str:
 def ratelimit_prefix(key_prefix: str) -> str:
     """Rate-limit counters are ``<this>:<kind>:<ident>``."""
     return f"{key_prefix}:ratelimit"
+
+
+def inside_key_prefix(key_prefix: str, stream_prefix: str) -> bool:
+    """Whether a stream named ``stream_prefix`` would put keys in the coordinator's namespace.
+
+    Every coordinator key is ``<key_prefix>:…``; a stream's shard keys are
+    ``<stream_prefix>:<n>``.  So a stream named like the prefix, or inside it,
+    could be (or overwrite) a rate-limit counter, a token store or a group's
+    metadata.  Any other valid name stays out: its shard keys start with
+    ``<stream_prefix>:`` and ``<key_prefix>:`` is not a prefix of them.
+    """
+    return stream_prefix == key_prefix or stream_prefix.startswith(f"{key_prefix}:")

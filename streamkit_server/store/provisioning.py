@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Final, TypeAlias
 
@@ -24,6 +25,7 @@ from streamkit_server.store.records import RedisClient
 __all__ = [
     "MAX_NAME_LENGTH",
     "Provisioner",
+    "unsafe_char",
     "validate_consumer_group",
     "validate_member_id",
     "validate_stream_prefix",
@@ -35,7 +37,25 @@ MAX_NAME_LENGTH: Final = 200
 # one URL path segment.
 _FORBIDDEN = re.compile(r"[\s{}/%\x00-\x1f\x7f]")
 _PARALLEL = 32
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ShardFn: TypeAlias = Callable[[int], Coroutine[object, object, None]]
+
+
+# Unicode's control, format (U+202E turns text around), surrogate and line/
+# paragraph separator characters (U+2028): invisible or misleading in a log,
+# a terminal or the console.
+_UNSAFE_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def unsafe_char(value: str) -> str | None:
+    """The first control, format or separator character of ``value``, if any."""
+    if value.isascii():  # the common case: only the C0 controls and DEL
+        bad = _CONTROL.search(value)
+        return bad.group() if bad else None
+    for char in value:
+        if unicodedata.category(char) in _UNSAFE_CATEGORIES:
+            return char
+    return None
 
 
 def _validate_name(value: str, what: str, code: str, extra: str = "") -> str:
@@ -43,11 +63,15 @@ def _validate_name(value: str, what: str, code: str, extra: str = "") -> str:
         raise CoordinatorError(
             code, f"{what} must be 1..{MAX_NAME_LENGTH} characters long, got {len(value)}"
         )
-    bad = _FORBIDDEN.search(value) or (extra and _extra_pattern(extra).search(value))
+    if value in (".", ".."):
+        # A URL path segment of "." or ".." is removed by clients and proxies.
+        raise CoordinatorError(code, f"{what} may not be {value!r}")
+    found = _FORBIDDEN.search(value) or (extra and _extra_pattern(extra).search(value))
+    bad = found.group() if found else unsafe_char(value)
     if bad:
         raise CoordinatorError(
             code,
-            f"{what} {value!r} contains {bad.group()!r}; braces, whitespace, control "
+            f"{what} {value!r} contains {bad!r}; braces, whitespace, control or format "
             f"characters, '/' and '%'{' and ' + repr(extra) if extra else ''} are not allowed",
         )
     return value
@@ -57,9 +81,6 @@ def _validate_name(value: str, what: str, code: str, extra: str = "") -> str:
 def _extra_pattern(extra: str) -> re.Pattern[str]:
     # Compiled once: names are checked on every heartbeat.
     return re.compile(f"[{re.escape(extra)}]")
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def validate_stream_prefix(value: str) -> str:
@@ -73,10 +94,11 @@ def validate_consumer_group(value: str) -> str:
 
 
 def validate_member_id(value: str) -> str:
-    if not 1 <= len(value) <= 256 or _CONTROL.search(value):
+    if not 1 <= len(value) <= 256 or unsafe_char(value) is not None:
         raise CoordinatorError(
             "INVALID_MEMBER_ID",
-            "memberId must be 1..256 characters without control characters",
+            "memberId must be 1..256 characters without control, format or line "
+            "separator characters",
         )
     return value
 

@@ -110,7 +110,7 @@ def test_dead_letters_are_listed_and_a_replay_is_handled(
     rows = page.locator("#dlq-table tbody tr")
     expect(rows).to_have_count(len(POISON))
     expect(page.locator("#dlq-where")).to_contain_text(
-        f"{dlq.prefix}:dlq:{dlq.group}: {len(POISON)} dead letters"
+        f"{dlq.prefix}/dlq/{dlq.group}: {len(POISON)} dead letters"
     )
     first = rows.first
     expect(first).to_contain_text("RuntimeError: poison")

@@ -105,7 +105,7 @@ def test_dead_letter_fields_and_bounded_errors() -> None:
         "x-error": "E: e",
         "x-failed-at": "1700",
     }
-    assert FailurePolicy().dead_letter_key("orders", "billing") == "orders:dlq:billing"
+    assert FailurePolicy().dead_letter_key("orders", "billing") == "orders/dlq/billing"
     assert FailurePolicy(dead_letter_stream="dead").dead_letter_key("orders", "billing") == "dead"
 
 

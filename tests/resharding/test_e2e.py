@@ -347,6 +347,6 @@ async def test_scale_in_completes_with_a_poison_entry_on_a_removed_shard(
     assert tries == [1, 2, 3, 4]
     assert await r.exists(removed) == 0
     assert sorted(handled) == sorted(published)
-    ((_, letter),) = await r.xrange(f"{prefix}:dlq:g")
+    ((_, letter),) = await r.xrange(f"{prefix}/dlq/g")
     assert letter["x-original-stream"] == removed and letter["x-original-id"] == poison
     assert letter["x-attempts"] == "4"

@@ -61,7 +61,7 @@ async def test_list_page_and_replay(
         while True:
             params: dict[str, Any] = {"limit": 2, **({"cursor": cursor} if cursor else {})}
             page = (await http.get(listed, params=params)).json()
-            assert page["total"] == 5 and page["deadLetterStream"] == f"{prefix}:dlq:{group}"
+            assert page["total"] == 5 and page["deadLetterStream"] == f"{prefix}/dlq/{group}"
             seen += page["entries"]
             cursor = page["nextCursor"]
             if cursor is None:
@@ -103,7 +103,7 @@ async def test_list_page_and_replay(
         assert [e["id"] for e in page["entries"]] == [ids[1], ids[4]]
 
         # An entry someone added by hand still lists (unknown numbers are 0).
-        odd = await r.xadd(f"{prefix}:dlq:{group}", {"x-attempts": "many", "x-failed-at": "-"})
+        odd = await r.xadd(f"{prefix}/dlq/{group}", {"x-attempts": "many", "x-failed-at": "-"})
         (listed_odd,) = (await http.get(listed, params={"cursor": ids[4]})).json()["entries"]
         assert (listed_odd["id"], listed_odd["attempts"], listed_odd["failedAt"]) == (odd, 0, 0)
 
