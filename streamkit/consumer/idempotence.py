@@ -80,6 +80,11 @@ class Idempotence:
         return entry_id
 
 
+#: Names under ``{<shard key>}:`` that streamkit's own keys use.
+RESERVED_EFFECT_NAMES: Final = ("idem",)
+RESERVED_EFFECT_PREFIXES: Final = ("idem:", "done:", "fence:")
+
+
 def marker_key(stream_key: str, group: str) -> str:
     return slot_key(stream_key, f"done:{group}")
 
@@ -135,6 +140,14 @@ class Effects:
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty str, got {name!r}")
+        if name in RESERVED_EFFECT_NAMES or name.startswith(RESERVED_EFFECT_PREFIXES):
+            # These are streamkit's own keys in the shard's slot (the publish
+            # dedup record, the markers, the fence): an effect must not write them.
+            raise ValueError(
+                f"effect key name {name!r} is reserved (streamkit keeps "
+                f"{', '.join(RESERVED_EFFECT_NAMES + RESERVED_EFFECT_PREFIXES)}… there); "
+                "choose another name"
+            )
         return slot_key(self._stream_key, name)
 
     def _stage(self, command: str, key: str, *args: Any) -> None:

@@ -11,12 +11,15 @@ from __future__ import annotations
 import uuid
 
 import httpx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from server.sim import API, create_group, redis_of
 
 from streamkit.consumer.failure import dead_letter_key, legacy_dead_letter_key
+from streamkit.consumer.idempotence import Effects, fence_key, marker_key
 from streamkit.routing import stream_key
+from streamkit.scripts import slot_key
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit_server.errors import CoordinatorError
@@ -75,6 +78,33 @@ def test_key_schemes_are_disjoint(
     assert all(key.startswith(f"{kp}:") for key in own)
     for key in dlq | shards:
         assert not key.startswith(f"{kp}:") and key not in own
+    # The data plane's keys in a shard's slot (publish dedup record, handler
+    # markers, fence, a user's effect key) are none of the above, and the
+    # internal ones are distinct per shard and group.
+    internal = {
+        key
+        for p, g in ((p1, g1), (p2, g2))
+        if p in streams
+        for shard in {stream_key(p, n)}
+        for key in (
+            slot_key(shard, "idem"), slot_key(shard, "idem:order"),
+            marker_key(shard, g), fence_key(shard, g),
+        )
+    }  # fmt: skip
+    assert not internal & (dlq | shards | set(own))
+    if p1 in streams and p2 in streams and (p1, g1) != (p2, g2):
+        s1, s2 = stream_key(p1, n), stream_key(p2, n)
+        assert marker_key(s1, g1) != marker_key(s2, g2)
+    if p1 in streams:
+        effects = Effects(stream_key(p1, n), cluster=False)
+        with pytest.raises(ValueError, match="reserved"):
+            effects.key(random_reserved(ident))
+        user = effects.key(f"n{ident}")  # a name that is not reserved
+        assert user not in internal | dlq | shards | set(own)
+
+
+def random_reserved(suffix: str) -> str:
+    return "idem" if not suffix.strip() else f"done:{suffix}"
 
 
 def test_the_old_scheme_collided() -> None:
