@@ -161,7 +161,7 @@ MUTANTS = (
         (
             (
                 HEARTBEAT,
-                "if member is not None and member.incarnation != request.incarnation:\n"
+                "if member is not None and not same_process(member, request.incarnation):\n"
                 "        # A forged leave",
                 "if False:\n        # A forged leave",
             ),
@@ -173,8 +173,8 @@ MUTANTS = (
         (
             (
                 HEARTBEAT,
-                "if existing is not None and existing.incarnation != request.incarnation:",
-                "if existing is not None and existing.incarnation != request.incarnation"
+                "if existing is not None and not same_process(existing, request.incarnation):",
+                "if existing is not None and not same_process(existing, request.incarnation)"
                 " and False:",
             ),
         ),

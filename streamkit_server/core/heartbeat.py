@@ -9,7 +9,8 @@ Rules, in the order they are applied:
 
 0. a join (memberEpoch 0) past the member limit -> ``TooManyMembers``
    (``TOO_MANY_MEMBERS``, see ``limits.join_refusal``); nothing changes.
-1. protocol range -> UNSUPPORTED_PROTOCOL; body memberId != path -> INVALID_REQUEST.
+1. protocol range -> UNSUPPORTED_PROTOCOL; body memberId != path, or an
+   incarnation shaped like a principal identity -> INVALID_REQUEST.
 2. timeouts due at ``now`` are applied first (lease expiry, rebalance-timeout
    fencing, release of fenced members' shards): see ``timeouts.py``.
 3. a rollback witness (``witness.py``): a metadataVersion above the stored
@@ -126,7 +127,10 @@ def handle_heartbeat(
     bad_epoch = request.member_epoch < LEAVE_EPOCH and not (
         request.member_epoch == STATIC_LEAVE_EPOCH and request.incarnation
     )
-    if request.member_id != member_id or bad_epoch:
+    # An incarnation shaped like a principal identity would let a caller pass
+    # for that principal's member (``caller_identity``): no client draws one.
+    posing = request.incarnation is not None and request.incarnation.startswith(PRINCIPAL_IDENTITY)
+    if request.member_id != member_id or bad_epoch or posing:
         outcome = _reject(group, request, HeartbeatStatus.INVALID_REQUEST, config)
         return Result(group, (), outcome.response)
     request = caller_identity(request, principal)

@@ -76,3 +76,11 @@ def test_without_a_principal_nothing_changes() -> None:
     assert h.group.members["ref-1"].incarnation is None
     left = _beat(h, None, "ref-1", -1)
     assert joined.response.status is left.response.status is HeartbeatStatus.OK
+
+
+def test_an_incarnation_posing_as_a_principal_is_refused() -> None:
+    h, _ = _settled()
+    before = h.group
+    posing = _beat(h, "mallory", "ref-1", -1, incarnation="principal:alice")
+    assert posing.response.status is HeartbeatStatus.INVALID_REQUEST
+    assert h.group == before and h.group.shards_held_by("ref-1") == [0, 1]
