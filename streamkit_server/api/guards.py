@@ -122,7 +122,7 @@ def guarded_protocol(base: type[Any], header_timeout_s: float, max_header_bytes:
     an answer sent before the body was read, is not headers.
     """
 
-    class Guarded(base):  # type: ignore[misc, valid-type]
+    class Guarded(base):  # type: ignore[misc]
         _timer: asyncio.TimerHandle | None = None
         _header_bytes = 0
         _parsing_headers = True  # httptools: between on_message_begin and headers complete

@@ -20,7 +20,7 @@ left alone (with a warning): those are live entries, not dead letters.
 from __future__ import annotations
 
 import logging
-from typing import Final
+from typing import Any, Final
 
 from redis.exceptions import ResponseError
 
@@ -67,8 +67,12 @@ async def _move(client: RedisClient, old: str, new: str) -> int:
         batch = await client.xrange(old, "-", "+", count=_BATCH)
         if not batch:
             break
-        for raw_id, fields in batch:
+        ids: list[Any] = []
+        for raw_id, raw_fields in batch:
+            if raw_id is None:  # redis-py types a deleted entry's id so; XRANGE never has one
+                continue
             entry_id = _s(raw_id)
+            fields: dict[Any, Any] = dict(raw_fields or {})
             try:
                 await client.xadd(new, fields, id=entry_id)
             except ResponseError:
@@ -76,8 +80,9 @@ async def _move(client: RedisClient, old: str, new: str) -> int:
                 # before a crash (skip it), or written since under the new key.
                 if not await client.xrange(new, entry_id, entry_id, count=1):
                     await client.xadd(new, fields)
+            ids.append(raw_id)
             moved += 1
-        await client.xdel(old, *[raw_id for raw_id, _ in batch])
+        await client.xdel(old, *ids)
     if not await client.xlen(old):
         await client.delete(old)
     return moved

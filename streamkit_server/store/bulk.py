@@ -14,13 +14,14 @@ with ``load``, a bounded number at a time (a pipeline there spans nodes).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 import anyio
 from redis.asyncio import RedisCluster
 
 from streamkit_server.store.keys import GroupKeys
-from streamkit_server.store.metadata import WRITE_LOG_SIZE, Loaded, MetadataStore, _known
+from streamkit_server.store.metadata import WRITE_LOG_SIZE, MetadataStore, _known
+from streamkit_server.store.records import Loaded
 
 __all__ = ["load_many"]
 
@@ -42,8 +43,9 @@ async def _pipelined(store: MetadataStore, keys: Sequence[GroupKeys]) -> list[Lo
     pipe = store.client.pipeline(transaction=False)
     cached = [store._parsed.get(k.metadata) for k in keys]
     for k, c in zip(keys, cached, strict=True):
-        args = ["", 0, *_known(c), WRITE_LOG_SIZE]
-        await store._load(keys=[k.mutex, k.metadata], args=args, client=pipe)
+        args: list[Any] = ["", 0, *_known(c), WRITE_LOG_SIZE]
+        # A pipeline queues the call: redis-py types scripts for clients only.
+        await store._load(keys=[k.mutex, k.metadata], args=args, client=pipe)  # type: ignore[arg-type]
     replies = await pipe.execute(raise_on_error=False)
     out: list[Loaded | None] = []
     for k, c, reply in zip(keys, cached, replies, strict=True):

@@ -92,8 +92,12 @@ async def test_admin_and_monitoring_need_credentials(
         http.headers.update(_bearer(_token(["MEMBER"])))
         assert (await member.heartbeat())["status"] == "OK"
         del http.headers["Authorization"]
-        http.auth = coordinator.admin_auth  # the admin has MEMBER too
-        assert (await member.heartbeat())["status"] == "OK"
+        http.auth = coordinator.admin_auth  # the admin has MEMBER too...
+        # ...but m1 (no incarnation) is bound to "svc", who joined it: another
+        # principal cannot report for it; a member of its own is fine.
+        assert (await member.heartbeat())["status"] == "FENCED_MEMBER_EPOCH"
+        own = SimMember(http, url, "closed", "g", "m2", auth=None)
+        assert (await own.heartbeat())["status"] == "OK"
 
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
