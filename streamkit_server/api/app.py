@@ -22,6 +22,7 @@ from streamkit_server.api import (
     monitoring,
     performance,
     resharding,
+    retention,
 )
 from streamkit_server.api.audit import AuditMiddleware
 from streamkit_server.api.console import mount_console
@@ -99,8 +100,8 @@ def create_app(
     app.add_middleware(AuditMiddleware)
     # Outside even the audit: its time is part of what a client waits for.
     app.add_middleware(performance.RequestMetricsMiddleware, metrics=runtime.metrics)
-    for module in (auth, admin, resharding, members, monitoring, dead_letters, performance,
-                   grafana):  # fmt: skip
+    for module in (auth, admin, resharding, retention, members, monitoring, dead_letters,
+                   performance, grafana):  # fmt: skip
         app.include_router(module.router)
     mount_console(app)
 

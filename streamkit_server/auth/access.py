@@ -28,6 +28,7 @@ ROUTE_ROLES: Final[dict[str, Role | None]] = {
     "rollbackReshardingMigration": Role.WRITE,
     "revokePrincipalTokens": Role.WRITE,
     "replayDeadLetter": Role.WRITE,
+    "setStreamRetention": Role.WRITE,
     # Reads
     "getCoordinatorGroup": Role.READ,
     "getProducerRoutingMetadata": Role.READ,
@@ -43,6 +44,7 @@ ROUTE_ROLES: Final[dict[str, Role | None]] = {
     "getStreamShardOffsets": Role.READ,
     "getStreamShardMessages": Role.READ,
     "listDeadLetters": Role.READ,
+    "getStreamRetention": Role.READ,
     "getApiPerformance": Role.READ,
     "listGrafanaGroups": Role.READ,
     "listGrafanaStreamOptions": Role.READ,

@@ -100,10 +100,10 @@ class RetentionPolicy:
                 "INVALID_RETENTION",
                 f"maxAgeMs must be 1..{MAX_RETENTION_AGE_MS} (ten years), got {self.max_age_ms}",
             )
-        if self.max_length is not None and not 0 <= self.max_length <= MAX_RETENTION_LENGTH:
+        if self.max_length is not None and not 1 <= self.max_length <= MAX_RETENTION_LENGTH:
             raise Rejected(
                 "INVALID_RETENTION",
-                f"maxLength must be 0..{MAX_RETENTION_LENGTH}, got {self.max_length}",
+                f"maxLength must be 1..{MAX_RETENTION_LENGTH}, got {self.max_length}",
             )
 
     @property

@@ -20,7 +20,7 @@ from streamkit_server.core.retention import (
 ids = st.tuples(st.integers(0, 10_000), st.integers(0, 5))
 positions = st.builds(GroupPosition, st.sampled_from(["a", "b", "c"]), ids, st.none() | ids)
 policies = st.builds(
-    RetentionPolicy, st.none() | st.integers(1, 10_000), st.none() | st.integers(0, 50)
+    RetentionPolicy, st.none() | st.integers(1, 10_000), st.none() | st.integers(1, 50)
 )
 
 
@@ -102,7 +102,7 @@ def test_policy_bounds_and_field() -> None:
     with pytest.raises(Rejected):
         RetentionPolicy(max_age_ms=0)
     with pytest.raises(Rejected):
-        RetentionPolicy(max_length=-1)
+        RetentionPolicy(max_length=0)
     policy = RetentionPolicy(max_age_ms=604_800_000, max_length=1_000_000)
     assert RetentionPolicy.from_field(policy.to_field()) == policy
     assert RetentionPolicy.from_field("{}") == RetentionPolicy()
