@@ -22,7 +22,6 @@ doubles could get wrong for huge sequence numbers.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
@@ -40,7 +39,6 @@ __all__ = [
     "format_duration",
     "format_id",
     "group_floor",
-    "parse_duration",
     "parse_id",
     "plan_trim",
     "policy_from_wire",
@@ -52,22 +50,14 @@ StreamId: TypeAlias = tuple[int, int]
 MAX_RETENTION_AGE_MS: Final = 3650 * 86_400_000
 MAX_RETENTION_LENGTH: Final = 2**53
 
+#: The units ``streamkit stream retention --max-age`` takes (``streamkit.admin``).
 _UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
                  "w": 604_800_000}  # fmt: skip
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|w)?\s*$")
-
-
-def parse_duration(text: str) -> int:
-    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"500ms"`` or plain ms -> milliseconds."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a duration (e.g. 7d, 12h, 30m, 45s, 500ms)")
-    return int(match.group(1)) * _UNITS[match.group(2) or "ms"]
 
 
 def format_duration(ms: int) -> str:
-    """The largest whole unit: 604800000 -> ``"1w"``, 90000 -> ``"90s"``."""
-    for unit in ("w", "d", "h", "m", "s"):
+    """The largest whole unit: 604800000 -> ``"7d"``, 90000 -> ``"90s"``."""
+    for unit in ("d", "h", "m", "s"):
         if ms and ms % _UNITS[unit] == 0:
             return f"{ms // _UNITS[unit]}{unit}"
     return f"{ms}ms"

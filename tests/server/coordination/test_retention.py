@@ -7,7 +7,11 @@ acknowledged and left pending.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -169,3 +173,39 @@ async def test_retention_is_set_read_and_validated(
         assert r.status_code == 400 and r.json()["errorCode"] == "INVALID_REQUEST", r.text
     r = await admin.request("PUT", "/streams/nope/retention", {"requestedBy": "t"})
     assert r.status_code == 404 and r.json()["errorCode"] == "STREAM_NOT_FOUND"
+
+
+def _cli(coordinator: CoordinatorProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMKIT_")}
+    user, password = coordinator.admin_auth
+    env.update(
+        STREAMKIT_COORDINATOR_URL=coordinator.url,
+        STREAMKIT_COORDINATOR_USERNAME=user,
+        STREAMKIT_COORDINATOR_PASSWORD=password,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "streamkit", *args],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
+async def test_the_cli_sets_and_shows_retention(
+    any_redis: RedisTarget, coordinator: CoordinatorProcess
+) -> None:
+    await Admin(coordinator).create_stream("clicks", 1)
+    done = _cli(coordinator, "stream", "retention", "clicks", "--max-age", "7d",
+                "--max-length", "1000000", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["retention"] == {"maxAgeMs": 604_800_000, "maxLength": 1_000_000}
+    shown = _cli(coordinator, "stream", "retention", "clicks")
+    assert shown.stdout.strip() == (
+        "stream 'clicks': retention max age 7d, max length 1000000 (its own)"
+    ), shown.stderr
+    cleared = _cli(coordinator, "stream", "retention", "clicks", "--none")
+    assert "retention none (its own)" in cleared.stdout, cleared.stderr
+    missing = _cli(coordinator, "stream", "retention", "nope", "--max-age", "1h")
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("error: ") and len(missing.stderr.splitlines()) == 1
+    assert "STREAM_NOT_FOUND" in missing.stderr or "does not exist" in missing.stderr
