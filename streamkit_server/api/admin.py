@@ -55,7 +55,10 @@ async def create_stream(
     validate_stream_prefix(streamPrefix)
     async with audited(request):
         result = await runtime(request).service.create_stream(
-            streamPrefix, body, body.ordering, body.retention and body.retention.policy()
+            streamPrefix,
+            body,
+            body.ordering,
+            None if body.retention is None else body.retention.policy(),
         )
     return JSONResponse(result.to_wire(), status_code=201)
 
@@ -73,7 +76,7 @@ async def create_group(
 ) -> JSONResponse:
     async with audited(request):
         result = await runtime(request).service.create_group(
-            keys, body, body.ordering, body.retention and body.retention.policy()
+            keys, body, body.ordering, None if body.retention is None else body.retention.policy()
         )
     return JSONResponse(result.to_wire(), status_code=201)
 
