@@ -39,10 +39,8 @@ from streamkit_server.coordination.service import CoordinatorService
 from streamkit_server.core.retention import (
     RetentionPolicy,
     StreamId,
-    TrimPlan,
     format_duration,
     parse_id,
-    plan_trim,
 )
 from streamkit_server.errors import CoordinatorError, Rejected
 from streamkit_server.store import scripts
@@ -80,10 +78,15 @@ class ShardTrim:
     floor: StreamId | None
     holder: str | None
     more: bool
+    #: The policy wanted more than the groups allow (``holder`` holds it back).
+    blocked: bool
 
-    def plan(self, policy: RetentionPolicy) -> TrimPlan:
-        """The core's verdict on the same facts the script saw."""
-        return plan_trim(policy, self.now_ms, self.length_cut, self.floor, self.holder)
+    @property
+    def waiting_ms(self) -> int:
+        """When blocked: the age of the oldest entry the holding group still needs."""
+        if not self.blocked or self.floor is None:
+            return 0
+        return max(0, self.now_ms - self.floor[0])
 
 
 class Trimmer:
@@ -103,7 +106,7 @@ class Trimmer:
             *groups,
         ]
         reply = await self._script(keys=[stream_key(stream_prefix, shard)], args=args)
-        trimmed, now, cut, floor, holder, more = (_text(v) for v in reply)
+        trimmed, now, cut, floor, holder, more, blocked = (_text(v) for v in reply)
         return ShardTrim(
             shard,
             int(trimmed),
@@ -112,6 +115,7 @@ class Trimmer:
             parse_id(floor) if floor else None,
             holder or None,
             more == "1",
+            blocked == "1",
         )
 
 
@@ -135,7 +139,9 @@ class RetentionJanitor:
         self.last_error: str | None = None
         #: (stream, group) series this process exports.
         self._exported: set[tuple[str, str]] = set()
-        #: (stream, shard, group) -> when it was last logged as blocked.
+        #: (stream, shard, group) -> since when this process sees it blocked
+        #: (monotonic), and when it was last logged.
+        self._since: dict[tuple[str, int, str], float] = {}
         self._logged: dict[tuple[str, int, str], float] = {}
 
     async def run(self) -> None:
@@ -216,43 +222,44 @@ class RetentionJanitor:
             trimmed += trim.trimmed
             if trim.holder is not None:
                 blocked.setdefault(trim.holder, _Blocked())
-            plan = trim.plan(policy)
-            if not plan.blocked or plan.blocking_group is None:
+            if not trim.blocked or trim.holder is None:
                 continue
-            entry = blocked[plan.blocking_group]
-            entry.seconds = max(entry.seconds, plan.blocked_ms / 1000)
+            entry = blocked[trim.holder]
+            entry.seconds = max(entry.seconds, trim.waiting_ms / 1000)
             if trim.shard not in entry.shards:
                 entry.shards.append(trim.shard)
-            self._log_blocked(prefix, trim.shard, plan, policy)
+            self._log_blocked(prefix, trim, policy)
         if trimmed:
             metrics.retention_trimmed.labels(prefix).inc(trimmed)
         for group, entry in blocked.items():
             metrics.retention_blocked_seconds.labels(prefix, group).set(entry.seconds)
             metrics.retention_blocked_shards.labels(prefix, group).set(len(entry.shards))
-        # A shard that waits no more is logged again as soon as it waits again.
+        # A shard that waits no more starts its "for" afresh when it waits again.
         waiting = {(prefix, s, g) for g, entry in blocked.items() for s in entry.shards}
-        for key in [k for k in self._logged if k[0] == prefix and k not in waiting]:
-            del self._logged[key]
+        for key in [k for k in self._since if k[0] == prefix and k not in waiting]:
+            del self._since[key]
+            self._logged.pop(key, None)
         return {(prefix, group) for group in blocked}
 
-    def _log_blocked(
-        self, prefix: str, shard: int, plan: TrimPlan, policy: RetentionPolicy
-    ) -> None:
-        group = plan.blocking_group or "?"
-        key = (prefix, shard, group)
+    def _log_blocked(self, prefix: str, trim: ShardTrim, policy: RetentionPolicy) -> None:
+        group = trim.holder or "?"
+        key = (prefix, trim.shard, group)
         now = time.monotonic()
+        since = self._since.setdefault(key, now)
         if now - self._logged.get(key, -_LOG_EVERY_S) < _LOG_EVERY_S:
             return
         self._logged[key] = now
         log.warning(
             "retention blocked by group %s on shard %d of stream %s for %s "
-            "(policy %s; it still needs entry %d-%d; nothing it needs is trimmed)",
+            "(policy %s; it still needs entry %d-%d, written %s ago; nothing it needs "
+            "is trimmed)",
             group,
-            shard,
+            trim.shard,
             prefix,
-            format_duration(plan.blocked_ms) if plan.blocked_ms else "0s",
+            format_duration(int((now - since) * 1000)) if now > since else "0s",
             policy.describe(),
-            *(plan.min_id or (0, 0)),
+            *(trim.floor or (0, 0)),
+            format_duration(trim.waiting_ms) if trim.waiting_ms else "0s",
         )
 
     def _forget(self, exported: set[tuple[str, str]]) -> None:

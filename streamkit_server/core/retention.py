@@ -178,13 +178,6 @@ class TrimPlan:
     #: The group holding retention back (when blocked).
     blocking_group: str | None = None
 
-    @property
-    def blocked_ms(self) -> int:
-        """How far (in entry time) retention is held back: the wanted cutoff minus the floor."""
-        if not self.blocked or self.wanted is None or self.min_id is None:
-            return 0
-        return max(0, self.wanted[0] - self.min_id[0])
-
 
 def plan_trim(
     policy: RetentionPolicy,
