@@ -60,7 +60,7 @@ log = logging.getLogger("streamkit_server.retention")
 
 #: The most entries the length rule reads per script call (Redis runs a
 #: script alone, so each call stays short); a longer excess takes more calls.
-SCAN_LIMIT: Final = 10_000
+SCAN_LIMIT: Final = 1_000
 #: Calls per shard per pass; what is left waits for the next pass.
 _CALLS_PER_SHARD: Final = 8
 #: A blocked shard is logged when it starts waiting, then at most this often.

@@ -241,9 +241,8 @@ class Metrics:
         # group, like the gauges above, with the shards folded in (max).
         self.retention_blocked_seconds = Gauge(
             "redis_stream_coord_retention_blocked_seconds",
-            "How far retention of the stream is held back by the group, in entry time: "
-            "the policy's cutoff minus the oldest entry the group still needs, the most "
-            "over the stream's shards (0: not blocked).",
+            "Age of the oldest entry the group still needs on a shard whose retention waits "
+            "for it, the most over the stream's shards (0: it holds nothing back).",
             group,
             registry=r,
         )
