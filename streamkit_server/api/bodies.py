@@ -30,6 +30,7 @@ from pydantic import AfterValidator, Field, model_validator
 from streamkit import protocol as wire
 from streamkit.protocol import (
     Int32,
+    Int64,
     RevokingShardReport,
     ShardConsumptionProgress,
     ShardId,
@@ -87,11 +88,11 @@ TargetShardCount = Annotated[Int32, _TARGET]
 
 
 MaxAgeMs = Annotated[
-    int,
+    Int64,
     Field(ge=1, le=MAX_RETENTION_AGE_MS, description="Trim entries older than this (ms)."),
 ]
 MaxLength = Annotated[
-    int,
+    Int64,
     Field(
         ge=1,
         le=MAX_RETENTION_LENGTH,
