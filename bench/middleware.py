@@ -75,6 +75,7 @@ async def run(stack: list[Middleware], messages: list[Message], batch: int) -> f
     """The poller's use of the middlewares: the dispatcher's ``consume_read``
     levels per read, and the real ``Invoker`` per entry (its ``consume``
     levels and inline ``enter_consume``/``exit_consume`` hooks)."""
+
     async def handler(message: Message) -> None:
         pass
 

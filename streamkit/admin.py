@@ -9,8 +9,9 @@ and ``errorCode`` the coordinator answered.
 from __future__ import annotations
 
 import getpass
+import re
 import socket
-from typing import Literal
+from typing import Final, Literal
 from urllib.parse import quote
 
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
@@ -23,24 +24,54 @@ from streamkit.protocol import (
     ScaleStreamRequest,
     StreamCreateResponse,
     StreamScaleResponse,
+    WireModel,
 )
 
 __all__ = [
     "Ordering",
+    "Retention",
+    "RetentionAnswer",
     "create_group",
     "create_stream",
     "delete_group",
+    "format_duration",
+    "get_retention",
     "is_conflict",
+    "parse_duration",
     "requested_by",
     "scale_stream",
+    "set_retention",
 ]
 
 #: streamkit's extension of the create and scale requests (docs/resharding.md).
 Ordering = Literal["none", "key"]
 
 
+class Retention(WireModel):
+    """streamkit's retention of a stream (docs/operations.md#retention): both None is none."""
+
+    max_age_ms: int | None = None
+    max_length: int | None = None
+
+
+class RetentionAnswer(WireModel):
+    """``getStreamRetention`` / ``setStreamRetention``: the stream's own, and what applies."""
+
+    stream_prefix: str
+    retention: Retention | None = None
+    effective: Retention | None = None
+    #: 'stream' (its own), 'default' (the coordinator's) or 'none'.
+    source: str
+
+
+class _SetRetention(Retention):
+    requested_by: str
+    reason: str | None = None
+
+
 class _CreateStream(CreateStreamRequest):
     ordering: Ordering | None = None
+    retention: Retention | None = None
 
 
 class _ScaleStream(ScaleStreamRequest):
@@ -69,10 +100,15 @@ async def create_stream(
     requested_by: str,
     reason: str | None = None,
     ordering: Ordering | None = None,
+    retention: Retention | None = None,
 ) -> StreamCreateResponse:
     """``createStreamGroup``: 201, or ``CoordinatorError`` 409 ``STREAM_ALREADY_EXISTS``."""
     body = _CreateStream(
-        initial_shard_count=shards, requested_by=requested_by, reason=reason, ordering=ordering
+        initial_shard_count=shards,
+        requested_by=requested_by,
+        reason=reason,
+        ordering=ordering,
+        retention=retention,
     )
     return await client._call("POST", _stream_path(stream_prefix), StreamCreateResponse, body=body)
 
@@ -126,6 +162,52 @@ async def scale_stream(
     )
     path = f"{_stream_path(stream_prefix)}/scale"
     return await client._call("POST", path, StreamScaleResponse, body=body)
+
+
+async def get_retention(client: CoordinatorClient, stream_prefix: str) -> RetentionAnswer:
+    """``getStreamRetention`` (role ``READ``): 404 ``STREAM_NOT_FOUND`` for an unknown stream."""
+    path = f"{_stream_path(stream_prefix)}/retention"
+    return await client._call("GET", path, RetentionAnswer)
+
+
+async def set_retention(
+    client: CoordinatorClient,
+    stream_prefix: str,
+    retention: Retention,
+    *,
+    requested_by: str,
+    reason: str | None = None,
+) -> RetentionAnswer:
+    """``setStreamRetention``: the stream's retention from now on (both None: none)."""
+    body = _SetRetention(
+        max_age_ms=retention.max_age_ms,
+        max_length=retention.max_length,
+        requested_by=requested_by,
+        reason=reason,
+    )
+    path = f"{_stream_path(stream_prefix)}/retention"
+    return await client._call("PUT", path, RetentionAnswer, body=body)
+
+
+_UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
+                 "w": 604_800_000}  # fmt: skip
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|w)?\s*$")
+
+
+def parse_duration(text: str) -> int:
+    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"500ms"`` or plain ms -> milliseconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration (e.g. 7d, 12h, 30m, 45s, 500ms)")
+    return int(match.group(1)) * _UNITS[match.group(2) or "ms"]
+
+
+def format_duration(ms: int) -> str:
+    """The largest whole unit: 604800000 -> ``"7d"``, 90000 -> ``"90s"``."""
+    for unit in ("d", "h", "m", "s"):
+        if ms and ms % _UNITS[unit] == 0:
+            return f"{ms // _UNITS[unit]}{unit}"
+    return f"{ms}ms"
 
 
 def is_conflict(exc: CoordinatorError, *codes: str) -> bool:

@@ -24,6 +24,7 @@ from streamkit_server.coordination.drain import DrainProber
 from streamkit_server.coordination.gate import TerminatingGate
 from streamkit_server.coordination.loop import TickLoop
 from streamkit_server.coordination.resharding import ReshardingService
+from streamkit_server.coordination.retention import RetentionJanitor, Trimmer
 from streamkit_server.coordination.service import CoordinatorService
 from streamkit_server.coordination.timings import Timings
 from streamkit_server.core import LAYOUT_VERSION, SCHEMA_VERSION
@@ -79,6 +80,8 @@ class Runtime:
         self.tick_loop: TickLoop | None = None
         self.limiter: RateLimiter | None = None
         self._tick_task: asyncio.Task[None] | None = None
+        self.retention: RetentionJanitor | None = None
+        self._retention_task: asyncio.Task[None] | None = None
         self.audit_stream: AuditStream | None = None
         self.timings: Timings | None = None
         self.metrics_listener: MetricsListener | None = None
@@ -155,6 +158,10 @@ class Runtime:
             self._service, self.settings.tick_interval_ms, self._resharding, self.timings
         )
         self._tick_task = asyncio.create_task(self.tick_loop.run(), name="streamkit-tick")
+        self.retention = RetentionJanitor(
+            self._service, Trimmer(self._client), self.settings.retention_interval_ms
+        )
+        self._retention_task = asyncio.create_task(self.retention.run(), name="streamkit-retention")
         if self.settings.audit_stream is not None:
             self.audit_stream = AuditStream(
                 self._client,
@@ -189,7 +196,7 @@ class Runtime:
         self.begin_terminating()
         # In-flight critical sections finish their write and release the mutex.
         await self.gate.wait_idle(self.settings.mutex_ttl_ms / 1000)
-        for task in (self._tick_task, self._watch_task):
+        for task in (self._tick_task, self._retention_task, self._watch_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -20,6 +20,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from streamkit.numerals import ascii_uint
 from streamkit_server.auth.principals import PrincipalEntry, parse_principals
 from streamkit_server.core import MAX_SHARD_COUNT, CoordinatorConfig
+from streamkit_server.core.retention import (
+    MAX_RETENTION_AGE_MS,
+    MAX_RETENTION_LENGTH,
+    RetentionPolicy,
+)
 from streamkit_server.store.keys import DEFAULT_KEY_PREFIX
 
 __all__ = ["ServerSettings"]
@@ -137,6 +142,33 @@ class ServerSettings(BaseSettings):
         description=(
             "Period of the tick loop, which applies lease expiry, rebalance-timeout "
             "fencing, clean-up of departed members and time-driven migration steps."
+        ),
+    )
+    retention_interval_ms: int = Field(
+        default=10_000,
+        ge=1,
+        description=(
+            "Period of the retention janitor, which trims each shard stream of a stream "
+            "with retention up to the oldest entry some consumer group still needs (see "
+            "[Retention](#retention))."
+        ),
+    )
+    retention_max_age_ms: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_RETENTION_AGE_MS,
+        description=(
+            "Default retention by age (ms) for streams without a retention of their own; "
+            "never past what a group still needs."
+        ),
+    )
+    retention_max_length: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_RETENTION_LENGTH,
+        description=(
+            "Default retention by length (entries per shard) for streams without a "
+            "retention of their own; never past what a group still needs."
         ),
     )
     # The longest routing lease any producer uses (STREAMKIT_ROUTING_LEASE on
@@ -411,3 +443,9 @@ class ServerSettings(BaseSettings):
             producer_routing_lease_ms=self.producer_routing_lease_ms,
             max_members_per_group=self.max_members_per_group,
         )
+
+    def default_retention(self) -> RetentionPolicy | None:
+        """The retention of streams without their own (None: none)."""
+        if self.retention_max_age_ms is None and self.retention_max_length is None:
+            return None
+        return RetentionPolicy(self.retention_max_age_ms, self.retention_max_length)

@@ -174,6 +174,12 @@ CASES = [
     Case("publish without fields", ["publish", "orders", "billing", "k"], ["FIELD=VALUE"]),
     Case("publish bad payload", ["publish", "o", "b", "k", "--payload", "{"], ["not JSON"]),
     Case("bad ordering", ["stream", "create", "o", "--ordering", "x"], ["--ordering must be"]),
+    Case("bad max age", ["stream", "retention", "o", "--max-age", "7x"], ["--max-age", "7d"]),
+    Case(
+        "retention none and a bound",
+        ["stream", "retention", "o", "--none", "--max-length", "5"],
+        ["--none or --max-age/--max-length"],
+    ),
     Case(
         "misspelt option",
         ["run", "good:app", "--wrokers", "2"],

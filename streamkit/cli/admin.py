@@ -25,7 +25,9 @@ __all__ = ["group", "stream"]
 T = TypeVar("T")
 
 stream = typer.Typer(
-    name="stream", help="Create, list, scale and delete streams.", no_args_is_help=True
+    name="stream",
+    help="Create, list, scale and delete streams; set their retention.",
+    no_args_is_help=True,
 )
 group = typer.Typer(
     name="group", help="Create, list and delete consumer groups.", no_args_is_help=True
@@ -38,6 +40,23 @@ _Reason = Annotated[str | None, typer.Option(help="Why, for the coordinator's au
 _Force = Annotated[
     bool,
     typer.Option(help="Delete even with live members (recovery only: they lose their group)."),
+]
+_MaxAge = Annotated[
+    str | None,
+    typer.Option(
+        "--max-age",
+        help="Retention by age: trim entries older than this (7d, 12h, 30m, 45s, 500ms), "
+        "never before every group has read and acknowledged them.",
+    ),
+]
+_MaxLength = Annotated[
+    int | None,
+    typer.Option(
+        "--max-length",
+        min=1,
+        help="Retention by length: keep about this many entries per shard, never fewer "
+        "than the groups still need.",
+    ),
 ]
 _Ordering = Annotated[
     str | None,
@@ -88,6 +107,7 @@ _HINTS = {
     "SHARD_COUNT_MISMATCH": " (leave --shards out: a group takes its stream's shards)",
     "GROUP_NOT_FOUND": " (`streamkit group list` shows the groups)",
     "STREAM_NOT_FOUND": " (`streamkit stream create` makes it)",
+    "INVALID_RETENTION": " (--max-age up to 3650d, --max-length 1 or more)",
 }
 
 
@@ -110,6 +130,8 @@ def stream_create(
         typer.Option(min=1, help="Shard count (default: the coordinator's default, 4)."),
     ] = None,
     ordering: _Ordering = None,
+    max_age: _MaxAge = None,
+    max_length: _MaxLength = None,
     reason: _Reason = None,
     as_json: _Json = False,
 ) -> None:
@@ -117,10 +139,17 @@ def stream_create(
     from streamkit.admin import create_stream
 
     checked = _ordering(ordering)
+    retention = _retention(max_age, max_length) if max_age or max_length else None
     created = _admin(
         f"creating stream {name!r}",
         lambda client, who: create_stream(
-            client, name, shards, requested_by=who, reason=reason, ordering=checked
+            client,
+            name,
+            shards,
+            requested_by=who,
+            reason=reason,
+            ordering=checked,
+            retention=retention,
         ),
     )
     _print(
@@ -215,6 +244,73 @@ def stream_delete(
         f"stream delete); `streamkit group create {name} GROUP` uses them again"
     )
     _print(as_json, {"streamPrefix": name, "deletedGroups": deleted}, lines)
+
+
+@stream.command("retention")
+def stream_retention(
+    name: _Stream,
+    max_age: _MaxAge = None,
+    max_length: _MaxLength = None,
+    none: Annotated[
+        bool,
+        typer.Option("--none", help="No retention for this stream (even over the default)."),
+    ] = False,
+    reason: _Reason = None,
+    as_json: _Json = False,
+) -> None:
+    """Show or set a stream's retention (trims only what every group has read and acked)."""
+    from streamkit.admin import Retention, get_retention, set_retention
+
+    if none and (max_age or max_length):
+        fail("give --none or --max-age/--max-length, not both")
+    if not none and not max_age and max_length is None:
+        answer = _admin(
+            f"reading the retention of stream {name!r}",
+            lambda client, _who: get_retention(client, name),
+            role="READ",
+        )
+    else:
+        retention = Retention() if none else _retention(max_age, max_length)
+        answer = _admin(
+            f"setting the retention of stream {name!r}",
+            lambda client, who: set_retention(
+                client,
+                name,
+                retention,
+                requested_by=who,
+                reason=reason or f"streamkit stream retention {name}",
+            ),
+        )
+    shown = _describe(answer.effective)
+    where = {"stream": "its own", "default": "the coordinator's default", "none": "none set"}
+    _print(
+        as_json,
+        answer.to_wire(),
+        [f"stream {name!r}: retention {shown} ({where.get(answer.source, answer.source)})"],
+    )
+
+
+def _retention(max_age: str | None, max_length: int | None) -> Any:
+    from streamkit.admin import Retention, parse_duration
+
+    try:
+        age = parse_duration(max_age) if max_age else None
+    except ValueError as exc:
+        fail(f"--max-age: {exc}")
+    return Retention(max_age_ms=age, max_length=max_length)
+
+
+def _describe(retention: Any) -> str:
+    if retention is None or (retention.max_age_ms is None and retention.max_length is None):
+        return "none"
+    parts = []
+    if retention.max_age_ms is not None:
+        from streamkit.admin import format_duration
+
+        parts.append(f"max age {format_duration(retention.max_age_ms)}")
+    if retention.max_length is not None:
+        parts.append(f"max length {retention.max_length}")
+    return ", ".join(parts)
 
 
 def _ordering(value: str | None) -> Any:

@@ -94,6 +94,11 @@ class Publisher(PublisherViews):
     first :meth:`start` or publish. ``clock`` (monotonic seconds) drives the
     routing cache; tests inject a controllable one.
 
+    ``maxlen`` trims each shard stream on every write (``MAXLEN ~``): a hard
+    cap that drops the oldest entries whether or not every group has read
+    them. To bound a stream without losing unread work, give the stream a
+    retention instead (``streamkit stream retention``, docs/operations.md).
+
     Concurrent :meth:`publish` calls are sent as one pipeline
     (``streamkit.publisher.coalescer``; ``coalesce=False`` turns that off): a lone call
     goes out at once, calls made while one is in the air wait one event-loop

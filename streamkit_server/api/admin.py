@@ -54,7 +54,12 @@ async def create_stream(
 ) -> JSONResponse:
     validate_stream_prefix(streamPrefix)
     async with audited(request):
-        result = await runtime(request).service.create_stream(streamPrefix, body, body.ordering)
+        result = await runtime(request).service.create_stream(
+            streamPrefix,
+            body,
+            body.ordering,
+            None if body.retention is None else body.retention.policy(),
+        )
     return JSONResponse(result.to_wire(), status_code=201)
 
 
@@ -70,7 +75,9 @@ async def create_group(
     request: Request, keys: Keys, body: CreateGroupRequest, principal: Caller
 ) -> JSONResponse:
     async with audited(request):
-        result = await runtime(request).service.create_group(keys, body, body.ordering)
+        result = await runtime(request).service.create_group(
+            keys, body, body.ordering, None if body.retention is None else body.retention.policy()
+        )
     return JSONResponse(result.to_wire(), status_code=201)
 
 

@@ -23,6 +23,7 @@ from streamkit_server.api import (
     monitoring,
     performance,
     resharding,
+    retention,
 )
 from streamkit_server.api.audit import AuditMiddleware
 from streamkit_server.api.console import mount_console
@@ -124,8 +125,8 @@ def create_app(
     # Outermost: nothing downstream (log, audit record, audit stream) sees an
     # X-Request-Id of unsafe shape or size.
     app.add_middleware(RequestIdMiddleware)
-    for module in (auth, admin, resharding, members, monitoring, dead_letters, performance,
-                   grafana, autoscaling):  # fmt: skip
+    for module in (auth, admin, resharding, retention, members, monitoring, dead_letters,
+                   performance, grafana, autoscaling):  # fmt: skip
         app.include_router(module.router)
     mount_console(app)
 

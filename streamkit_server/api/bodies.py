@@ -5,6 +5,11 @@ opts a stream into per-key ordered resharding (see docs/resharding.md).  A
 stream stores its mode at creation; a scale request may override it for that
 one scale.  Clients of the reference never send it and see no difference.
 
+``retention`` (optional, ``{"maxAgeMs": .., "maxLength": ..}``) is not in the
+reference either: the stream's retention that respects the groups (see
+docs/operations.md#retention); given with a group create it replaces the
+stream's.  ``setStreamRetention`` changes it later.
+
 ``targetShardCount`` is parsed as any int32 so that a negative value gets a
 specific error code (``INVALID_TARGET_SHARD_COUNT``) instead of the generic
 validation error; the served schema still says ``minimum: 0``.
@@ -25,6 +30,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from streamkit import protocol as wire
 from streamkit.protocol import (
     Int32,
+    Int64,
     RevokingShardReport,
     ShardConsumptionProgress,
     ShardId,
@@ -32,6 +38,11 @@ from streamkit.protocol import (
     WireModel,
 )
 from streamkit_server.core import MAX_SHARD_COUNT
+from streamkit_server.core.retention import (
+    MAX_RETENTION_AGE_MS,
+    MAX_RETENTION_LENGTH,
+    RetentionPolicy,
+)
 from streamkit_server.store.provisioning import unsafe_char
 from streamkit_server.store.streams import Ordering
 
@@ -46,6 +57,8 @@ __all__ = [
     "RollbackMigrationRequest",
     "ScaleGroupRequest",
     "ScaleStreamRequest",
+    "SetRetentionRequest",
+    "StreamRetention",
 ]
 
 
@@ -75,16 +88,61 @@ _TARGET = Field(
 TargetShardCount = Annotated[Int32, _TARGET]
 
 
+MaxAgeMs = Annotated[
+    Int64,
+    Field(ge=1, le=MAX_RETENTION_AGE_MS, description="Trim entries older than this (ms)."),
+]
+MaxLength = Annotated[
+    Int64,
+    Field(
+        ge=1,
+        le=MAX_RETENTION_LENGTH,
+        description="Keep at most about this many entries per shard.",
+    ),
+]
+
+
+class StreamRetention(WireModel):
+    """streamkit extension: retention that never trims what a consumer group still needs.
+
+    Both null (or absent): no retention for this stream, even when the
+    coordinator has a default.
+    """
+
+    max_age_ms: MaxAgeMs | None = None
+    max_length: MaxLength | None = None
+
+    def policy(self) -> RetentionPolicy:
+        return RetentionPolicy(self.max_age_ms, self.max_length)
+
+
+_RETENTION = Field(
+    default=None,
+    description="streamkit extension: the stream's retention (by age and/or length), "
+    "which never trims entries a consumer group has not read or acknowledged; "
+    "default: the coordinator's default retention, if any.",
+)
+
+
 class CreateStreamRequest(wire.CreateStreamRequest):
     initial_shard_count: InitialShardCount | None = None
     requested_by: RequiredText
     ordering: Ordering | None = _ORDERING
+    retention: StreamRetention | None = _RETENTION
 
 
 class CreateGroupRequest(wire.CreateGroupRequest):
     initial_shard_count: InitialShardCount | None = None
     requested_by: RequiredText
     ordering: Ordering | None = _ORDERING
+    retention: StreamRetention | None = _RETENTION
+
+
+class SetRetentionRequest(StreamRetention):
+    """streamkit extension: set a stream's retention (both null: none, over the default)."""
+
+    requested_by: RequiredText
+    reason: TextStr | None = None
 
 
 class DeleteGroupRequest(wire.DeleteGroupRequest):

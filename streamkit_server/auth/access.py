@@ -28,6 +28,7 @@ ROUTE_ROLES: Final[dict[str, Role | None]] = {
     "rollbackReshardingMigration": Role.WRITE,
     "revokePrincipalTokens": Role.WRITE,
     "replayDeadLetter": Role.WRITE,
+    "setStreamRetention": Role.WRITE,
     # Reads
     "getCoordinatorGroup": Role.READ,
     "getProducerRoutingMetadata": Role.READ,
@@ -44,6 +45,7 @@ ROUTE_ROLES: Final[dict[str, Role | None]] = {
     "getStreamShardMessages": Role.READ,
     "getGroupAutoscaling": Role.READ,
     "listDeadLetters": Role.READ,
+    "getStreamRetention": Role.READ,
     "getApiPerformance": Role.READ,
     "listGrafanaGroups": Role.READ,
     "listGrafanaStreamOptions": Role.READ,

@@ -42,6 +42,7 @@ from streamkit_server.core import (
     GroupMetadata,
     WitnessSeen,
 )
+from streamkit_server.core.retention import RetentionPolicy
 from streamkit_server.core.streams import (
     create_group_layout,
     record_with_group,
@@ -179,7 +180,11 @@ class CoordinatorService:
             )
 
     async def create_stream(
-        self, stream_prefix: str, request: CreateStreamRequest, ordering: Ordering | None = None
+        self,
+        stream_prefix: str,
+        request: CreateStreamRequest,
+        ordering: Ordering | None = None,
+        retention: RetentionPolicy | None = None,
     ) -> StreamCreateResponse:
         self._refuse_reserved(stream_prefix)
         count = request.initial_shard_count or self.settings.default_shard_count
@@ -191,7 +196,7 @@ class CoordinatorService:
             await self.provisioner.provision(stream_prefix, layout, None)
             await self._write_stream_record(
                 stream_prefix,
-                StreamRecord(tuple(layout), ordering or "none"),
+                StreamRecord(tuple(layout), ordering or "none", retention=retention),
                 request.requested_by,
                 request.reason,
             )
@@ -200,7 +205,11 @@ class CoordinatorService:
         )
 
     async def create_group(
-        self, keys: GroupKeys, request: CreateGroupRequest, ordering: Ordering | None = None
+        self,
+        keys: GroupKeys,
+        request: CreateGroupRequest,
+        ordering: Ordering | None = None,
+        retention: RetentionPolicy | None = None,
     ) -> GroupResponse:
         prefix = keys.stream_prefix
         self._refuse_reserved(prefix)
@@ -224,12 +233,16 @@ class CoordinatorService:
             await self.provisioner.provision(prefix, layout, keys.consumer_group)
             # The record names the group before its metadata exists, so a
             # stream-wide change can never miss it (see streams.py).
-            fresh = record_with_group(record, layout, ordering, keys.consumer_group)
+            fresh = record_with_group(record, layout, ordering, keys.consumer_group, retention)
             if record is None:
                 await self._write_stream_record(prefix, fresh, request.requested_by, request.reason)
             else:
                 changed = fresh.layout_fields() if record.layout != fresh.layout else {}
-                await self.store.update_stream_record(prefix, {**changed, **fresh.groups_field()})
+                # A retention given with the create is the stream's from now on.
+                own = fresh.retention_field() if retention is not None else {}
+                await self.store.update_stream_record(
+                    prefix, {**changed, **fresh.groups_field(), **own}
+                )
             self.executor.forget(keys)
             created = await self.executor.submit(keys, create_group_op(keys, layout))
             await self.store.add_to_index(keys)
@@ -269,6 +282,7 @@ class CoordinatorService:
             {
                 **record.layout_fields(),
                 **record.groups_field(),
+                **record.retention_field(),
                 "metadataVersion": "1",
                 "schemaVersion": str(SCHEMA_VERSION),
                 "layoutVersion": str(LAYOUT_VERSION),

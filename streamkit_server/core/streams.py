@@ -16,6 +16,7 @@ from typing import Final, Literal, TypeAlias
 
 from .errors import Rejected
 from .model import GroupMetadata
+from .retention import RetentionPolicy
 
 __all__ = [
     "ORDERINGS",
@@ -38,6 +39,9 @@ class StreamRecord:
     layout: tuple[int, ...]
     ordering: Ordering = "none"
     groups: tuple[str, ...] = ()
+    #: The stream's own retention (``core/retention.py``); None: none of its own
+    #: (records written before retention existed read as None).
+    retention: RetentionPolicy | None = None
 
     @property
     def shard_count(self) -> int:
@@ -59,15 +63,18 @@ class StreamRecord:
                 and isinstance(groups, list)
                 and all(isinstance(g, str) for g in groups)
             )
+            raw_retention = raw.get("retention") or ""
+            retention = RetentionPolicy.from_field(raw_retention) if raw_retention else None
         except (KeyError, ValueError):
             valid = False
         if not valid:
             raise Rejected(
                 "METADATA_CORRUPT",
                 f"stream layout record of {stream_prefix!r} is unreadable "
-                "(shardCount/layout/ordering/groups); repair it from the group metadata",
+                "(shardCount/layout/ordering/groups/retention); repair it from the group "
+                "metadata",
             )
-        return cls(tuple(layout), "key" if ordering == "key" else "none", tuple(groups))
+        return cls(tuple(layout), "key" if ordering == "key" else "none", tuple(groups), retention)
 
     def layout_fields(self) -> dict[str, str]:
         return {
@@ -78,6 +85,10 @@ class StreamRecord:
 
     def groups_field(self) -> dict[str, str]:
         return {"groups": json.dumps(sorted(set(self.groups)))}
+
+    def retention_field(self) -> dict[str, str]:
+        """Written only when set: an absent field is what older records have too."""
+        return {} if self.retention is None else {"retention": self.retention.to_field()}
 
 
 def common_layout(stream_prefix: str, groups: Iterable[GroupMetadata]) -> tuple[int, ...] | None:
@@ -153,13 +164,22 @@ def create_group_layout(
 
 
 def record_with_group(
-    record: StreamRecord | None, layout: Iterable[int], ordering: Ordering | None, group: str
+    record: StreamRecord | None,
+    layout: Iterable[int],
+    ordering: Ordering | None,
+    group: str,
+    retention: RetentionPolicy | None = None,
 ) -> StreamRecord:
-    """The record once ``group`` is created on ``layout`` (named before its metadata exists)."""
+    """The record once ``group`` is created on ``layout`` (named before its metadata exists).
+
+    A ``retention`` given with the create replaces the stream's; without one
+    the stream keeps its own.
+    """
     return StreamRecord(
         tuple(layout),
         record.ordering if record else ordering or "none",
         (*(record.groups if record else ()), group),
+        retention if retention is not None else record.retention if record else None,
     )
 
 
@@ -177,4 +197,6 @@ def synced_record(
     layout = common_layout(stream_prefix, groups)
     if layout is None or (record is not None and record.layout == layout):
         return None
-    return StreamRecord(layout, record.ordering if record is not None else "none")
+    if record is None:
+        return StreamRecord(layout)
+    return replace(record, layout=layout)

@@ -239,6 +239,27 @@ class Metrics:
             group,
             registry=r,
         )
+        # Retention (coordination/retention.py): one series per stream and
+        # group, like the gauges above, with the shards folded in (max).
+        self.retention_blocked_seconds = Gauge(
+            "redis_stream_coord_retention_blocked_seconds",
+            "Age of the oldest entry the group still needs on a shard whose retention waits "
+            "for it, the most over the stream's shards (0: it holds nothing back).",
+            group,
+            registry=r,
+        )
+        self.retention_blocked_shards = Gauge(
+            "redis_stream_coord_retention_blocked_shards",
+            "Shards of the stream whose retention waits for the group.",
+            group,
+            registry=r,
+        )
+        self.retention_trimmed = Counter(
+            "redis_stream_coord_retention_trimmed_total",
+            "Entries the retention janitor trimmed from the stream's shards.",
+            ["stream_prefix"],
+            registry=r,
+        )
         # Bounded labels: both are fixed sets, created up front so the series
         # exist (at 0) before the first failure and rate() works at once.
         self.compatibility_failures = Counter(

@@ -328,3 +328,100 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], (now + tonumber(ARGV[3])) .. '|' .. ARGV[2])
 return {1}
 """
+
+
+# Used by ``coordination/retention.py``; the rules are ``core/retention.py``.
+# KEYS: one shard stream.  ARGV: max age ms ('' = no age rule), max length
+# ('' = no length rule), the most entries the length rule may read per call
+# (the rest waits for the next call), then the names of the coordinator's
+# groups of the stream.  Reply: {trimmed, now ms, length cut id or '', floor id
+# or '', holding group or '', more, blocked}: ``more`` = 1 when the length rule
+# had more to trim than it could look at; ``blocked`` = 1 when the policy
+# wanted more than the groups allow (then the length cut is not looked for
+# beyond the floor, and may be '').
+# Atomic on purpose: a group that is created, reads or claims between a
+# separate check and the XTRIM could otherwise lose entries.  The floor of a
+# group is min(last-delivered-id, oldest pending id): its last delivered entry
+# stays too, so no "next id" arithmetic on Lua's doubles is needed.
+RETAIN = """
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t == 'none' then return {0, 0, '', '', '', 0, 0} end
+if t ~= 'stream' then
+  return redis.error_reply('WRONGTYPE shard key ' .. KEYS[1] .. ' holds a ' .. t)
+end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local len = redis.call('XLEN', KEYS[1])
+if len == 0 then return {0, now, '', '', '', 0, 0} end
+local function parse(id)
+  local d = string.find(id, '-', 1, true)
+  return {tonumber(string.sub(id, 1, d - 1)), tonumber(string.sub(id, d + 1))}
+end
+local function less(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end
+local function show(a) return string.format('%d-%d', a[1], a[2]) end
+-- The oldest id some group still needs.
+local floor, holder = nil, ''
+local seen = {}
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local f = {}
+  for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
+  seen[f['name']] = true
+  local need = parse(f['last-delivered-id'])
+  if f['pending'] > 0 then
+    local p = redis.call('XPENDING', KEYS[1], f['name'])
+    if p[2] then
+      local low = parse(p[2])
+      if less(low, need) then need = low end
+    end
+  end
+  if floor == nil or less(need, floor) then floor, holder = need, f['name'] end
+end
+for i = 4, #ARGV do
+  -- A coordinator group without its Redis group here never read this shard.
+  if not seen[ARGV[i]] then floor, holder = {0, 0}, ARGV[i] break end
+end
+-- What the policy wants: the more trimming of the two rules.
+local wanted = nil
+if ARGV[1] ~= '' then wanted = {math.max(0, now - tonumber(ARGV[1])), 0} end
+local blocked = floor ~= nil and wanted ~= nil and less(floor, wanted)
+local cut, more, cap_by_length = nil, 0, false
+if not blocked and ARGV[2] ~= '' and len > tonumber(ARGV[2]) then
+  local maxlen, cap = tonumber(ARGV[2]), tonumber(ARGV[3])
+  -- Cheap first: at most maxLength entries at or after the floor means
+  -- XTRIM MAXLEN keeps all of them (Redis finds the cut itself); more than
+  -- maxLength means the cut lies beyond the floor (blocked).  Only the
+  -- entries after the floor are read, which are few while groups keep up.
+  local known = floor == nil
+  if known then cap_by_length = true else
+    local n = math.min(maxlen, cap)
+    local tail = redis.call('XRANGE', KEYS[1], show(floor), '+', 'COUNT', n + 1)
+    if #tail <= n then cap_by_length, known = true, true
+    elseif n == maxlen then blocked, known = true, true end
+  end
+  if not known then
+    -- Too many to tell from the tail: look for the cut from the head, up to
+    -- the floor only (the rest waits for the next call).
+    local drop = len - maxlen
+    if drop > cap then drop, more = cap, 1 end
+    local head = redis.call('XRANGE', KEYS[1], '-', show(floor), 'COUNT', drop + 1)
+    if #head == drop + 1 then
+      cut = parse(head[drop + 1][1])
+      if wanted == nil or less(wanted, cut) then wanted = cut end
+    else
+      blocked, more = true, 0
+    end
+  end
+end
+local shown_cut = cut and show(cut) or ''
+local shown_floor = floor and show(floor) or ''
+if blocked then
+  local trimmed = redis.call('XTRIM', KEYS[1], 'MINID', '=', shown_floor)
+  return {trimmed, now, shown_cut, shown_floor, holder, 0, 1}
+end
+local trimmed = 0
+if cap_by_length then trimmed = redis.call('XTRIM', KEYS[1], 'MAXLEN', '=', ARGV[2]) end
+if wanted ~= nil then
+  trimmed = trimmed + redis.call('XTRIM', KEYS[1], 'MINID', '=', show(wanted))
+end
+return {trimmed, now, shown_cut, shown_floor, holder, more, 0}
+"""

@@ -89,10 +89,16 @@ def test_a_list_annotation_is_a_batch_unless_batch_false() -> None:
 @pytest.mark.parametrize(
     ("handler", "match"),
     [
-        (takes_opaque, r"handler takes_opaque of listener orders/billing: parameter 'thing': "
-         r"cannot decode a payload into Opaque"),
-        (takes_unresolved, r"handler takes_unresolved .*parameter 'order': the annotation "
-         r"'NotImportedHere' does not resolve"),
+        (
+            takes_opaque,
+            r"handler takes_opaque of listener orders/billing: parameter 'thing': "
+            r"cannot decode a payload into Opaque",
+        ),
+        (
+            takes_unresolved,
+            r"handler takes_unresolved .*parameter 'order': the annotation "
+            r"'NotImportedHere' does not resolve",
+        ),
     ],
 )
 def test_unserveable_annotations_are_refused_in_one_line(handler: Any, match: str) -> None:

@@ -125,6 +125,7 @@ async def test_a_sigkilled_process_loses_no_invoice(
             (f"c{n % 37}", Order(order_id=f"o{n}", customer_id=f"c{n % 37}", amount=n))
             for n in range(ORDERS)
         )
+
     async def invoiced_at_least(count: int) -> bool:
         return len(await invoices_by_order(redis, invoices, INVOICE_SHARDS)) >= count
 

@@ -12,6 +12,7 @@ from streamkit_server.core import (
     new_group,
 )
 from streamkit_server.core.errors import Rejected
+from streamkit_server.core.retention import RetentionPolicy
 from streamkit_server.core.streams import (
     StreamRecord,
     create_group_layout,
@@ -66,5 +67,23 @@ def test_the_record_names_its_groups_and_follows_their_layout() -> None:
     assert record_without_group(record, "other") is None
     assert record_without_group(record, "g") == StreamRecord((0, 1), "key", ())
     group = new_group("s", "g", 3, 0)
-    assert synced_record("s", [group], record) == StreamRecord((0, 1, 2), "key")
+    assert synced_record("s", [group], record) == StreamRecord((0, 1, 2), "key", ("g",))
     assert synced_record("s", [], record) is None
+
+
+def test_the_record_keeps_its_retention_and_a_create_may_set_it() -> None:
+    week = RetentionPolicy(max_age_ms=7 * 86_400_000)
+    record = record_with_group(None, [0, 1], None, "g", week)
+    assert record.retention == week
+    assert record_with_group(record, [0, 1], None, "h").retention == week
+    short = RetentionPolicy(max_length=10)
+    assert record_with_group(record, [0, 1], None, "h", short).retention == short
+    assert synced_record("s", [new_group("s", "g", 3, 0)], record).retention == week  # type: ignore[union-attr]
+    fields = {**record.layout_fields(), **record.groups_field(), **record.retention_field()}
+    assert StreamRecord.parse(fields, "s") == record
+    # Records written before retention existed: no retention of their own.
+    old = {**record.layout_fields(), **record.groups_field()}
+    assert StreamRecord.parse(old, "s").retention is None
+    bad = {**old, "retention": '{"maxAgeMs": -1}'}
+    with pytest.raises(Rejected):
+        StreamRecord.parse(bad, "s")

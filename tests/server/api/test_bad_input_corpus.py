@@ -43,6 +43,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "ScaleGroupRequest": {"targetShardCount": 3, "requestedBy": "t", "reason": "r"},
     "RollbackMigrationRequest": {"requestedBy": "t", "reason": "r"},
     "ReplayDeadLetterRequest": {"requestedBy": "t", "reason": "r", "keyField": "k"},
+    "SetRetentionRequest": {"requestedBy": "t", "maxAgeMs": 60000, "maxLength": 10},
     "HeartbeatRequest": {
         "protocolVersion": 1,
         "requestId": "r",
