@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Final
 
@@ -131,6 +131,16 @@ class _Group:
         self.publish_duration = _Histogram()
         self.publish_errors: dict[str, int] = {}
 
+    async def handled(
+        self, size: int, call_next: Callable[[], Awaitable[list[ConsumeResult]]]
+    ) -> list[ConsumeResult]:
+        """``call_next()``, its ``size`` entries in flight while it runs."""
+        self.received += size
+        try:
+            return await call_next()
+        finally:
+            self.ended += size
+
     def count(self, results: list[ConsumeResult], *, time_each: bool) -> None:
         """Count the outcomes of ``results``; with ``time_each``, also time
         each one (a handler call each; a batch call is timed once, by the caller).
@@ -177,23 +187,13 @@ class PrometheusMiddleware(Middleware, Collector):
         # Once per read, not per entry: a per-entry level would cost about
         # as much as handling a small entry does (a coroutine, a context).
         group = self._group(ctx.stream_prefix, ctx.consumer_group)
-        size = len(ctx.messages)
-        group.received += size
-        try:
-            results = await call_next()
-        finally:
-            group.ended += size
+        results = await group.handled(len(ctx.messages), call_next)
         group.count(results, time_each=True)
         return results
 
     async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:
         group = self._group(ctx.stream_prefix, ctx.consumer_group)
-        size = len(ctx.messages)
-        group.received += size
-        try:
-            results = await call_next()
-        finally:
-            group.ended += size
+        results = await group.handled(len(ctx.messages), call_next)
         if results:  # one handler call: timed once
             group.duration.observe(results[0].duration_s)
         group.count(results, time_each=False)

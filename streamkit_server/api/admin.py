@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -21,6 +21,7 @@ from streamkit_server.api.bodies import (
     DeleteGroupRequest,
 )
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
+from streamkit_server.api.errors import documented
 from streamkit_server.coordination import views
 from streamkit_server.errors import Rejected
 from streamkit_server.store.keys import GroupKeys
@@ -30,15 +31,14 @@ router = APIRouter(prefix=API_PREFIX, dependencies=[AUTHORIZE])
 
 Keys = Annotated[GroupKeys, Depends(group_keys)]
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": text}
-    for code, text in {
+_ERRORS = documented(
+    {
         400: "Invalid request.",
         401: "Authentication required.",
         403: "Role missing.",
         503: "Coordinator terminating, busy, or metadata unusable.",
-    }.items()
-}
+    }
+)
 
 
 @router.post(

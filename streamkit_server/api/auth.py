@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from streamkit.protocol import API_PREFIX, ErrorResponse, LoginRequest, LoginResponse
 from streamkit_server.api.audit import audited
 from streamkit_server.api.deps import AUTHORIZE, Caller, login_guard, runtime
+from streamkit_server.api.errors import documented
 from streamkit_server.auth.security import AuthError
 from streamkit_server.auth.token_versions import current_version
 from streamkit_server.errors import ApiError
@@ -53,14 +54,9 @@ async def login(request: Request, body: LoginRequest | None = None) -> JSONRespo
     return JSONResponse(response.to_wire())
 
 
-_REVOKE_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": text}
-    for code, text in {
-        401: "Authentication required.",
-        403: "Role missing.",
-        404: "No such principal.",
-    }.items()
-}
+_REVOKE_ERRORS = documented(
+    {401: "Authentication required.", 403: "Role missing.", 404: "No such principal."}
+)
 
 
 @router.post(

@@ -36,6 +36,7 @@ from streamkit_server.store.records import StoreError
 
 __all__ = [
     "BodyLimitMiddleware",
+    "documented",
     "error_response",
     "install_error_handlers",
     "is_command_refusal",
@@ -102,6 +103,11 @@ def error_response(
 ) -> JSONResponse:
     body = ErrorResponse(status=str(status_code), error_code=error_code, message=message)
     return JSONResponse(body.to_wire(), status_code=status_code, headers=headers)
+
+
+def documented(texts: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """An operation's ``responses=``: each status documented as an ``ErrorResponse``."""
+    return {code: {"model": ErrorResponse, "description": text} for code, text in texts.items()}
 
 
 def _describe(error: dict[str, Any]) -> str:

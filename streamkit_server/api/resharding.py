@@ -15,7 +15,6 @@ from fastapi.responses import JSONResponse
 
 from streamkit.protocol import (
     API_PREFIX,
-    ErrorResponse,
     Migration,
     StreamScaleResponse,
 )
@@ -26,6 +25,7 @@ from streamkit_server.api.bodies import (
     ScaleStreamRequest,
 )
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
+from streamkit_server.api.errors import documented
 from streamkit_server.coordination import views
 from streamkit_server.coordination.resharding import find_migration
 from streamkit_server.store.keys import GroupKeys
@@ -49,7 +49,7 @@ def _errors(extra: dict[int, str]) -> dict[int | str, dict[str, Any]]:
         "terminating, or metadata unusable.",
         **extra,
     }
-    return {code: {"model": ErrorResponse, "description": text} for code, text in texts.items()}
+    return documented(texts)
 
 
 @router.post(

@@ -28,6 +28,7 @@ from .config import CoordinatorConfig
 from .errors import Rejected
 from .model import GroupMetadata, MigrationRecord
 from .resharding import ReshardingWork, pending_work
+from .streams import refuse_active
 
 __all__ = [
     "DrainPlan",
@@ -97,19 +98,6 @@ def participants(groups: Mapping[str, GroupMetadata], rid: str) -> dict[str, Gro
         for n, g in groups.items()
         if (m := g.active_migration()) is not None and m.resharding_id == rid
     }
-
-
-def refuse_active(stream_prefix: str, groups: Iterable[GroupMetadata]) -> None:
-    """A scale may start only when no group of the stream is migrating."""
-    for group in groups:
-        active = group.active_migration()
-        if active is not None:
-            raise Rejected(
-                "ACTIVE_MIGRATION_EXISTS",
-                f"stream {stream_prefix!r} already has migration {active.resharding_id} "
-                f"({active.state.value}, group {group.consumer_group!r}); wait for it to end "
-                "or roll it back",
-            )
 
 
 def added_shards(stream_prefix: str, rid: str, groups: Iterable[GroupMetadata]) -> list[int]:

@@ -232,8 +232,8 @@ def rollback_resharding(
     draft = Draft(group, now_ms, config)
     migration = _migration(draft, resharding_id)
     if migration.state is MigrationState.PREPARING:
-        _update_migration(draft, resharding_id, state=MigrationState.ROLLED_BACK)
-        return finished(draft)
+        # Nothing was routed yet: the same end as a failed provisioning.
+        return fail_provisioning(group, resharding_id, now_ms, config)
     if (
         migration.state not in (MigrationState.ACTIVE, MigrationState.DRAINING)
         or migration.retired_shards

@@ -26,6 +26,7 @@ __all__ = [
     "create_group_layout",
     "record_with_group",
     "record_without_group",
+    "refuse_active",
     "refuse_existing_stream",
     "synced_record",
 ]
@@ -113,6 +114,22 @@ def refuse_existing_stream(stream_prefix: str, exists: bool) -> None:
         raise Rejected("STREAM_ALREADY_EXISTS", f"stream {stream_prefix!r} already exists")
 
 
+def refuse_active(
+    stream_prefix: str,
+    groups: Iterable[GroupMetadata],
+    advice: str = "wait for it to end or roll it back",
+) -> None:
+    """Refuse while a group of the stream is migrating (a scale, a new group)."""
+    for group in groups:
+        active = group.active_migration()
+        if active is not None:
+            raise Rejected(
+                "ACTIVE_MIGRATION_EXISTS",
+                f"stream {stream_prefix!r} is being resharded ({active.resharding_id}, "
+                f"{active.state.value}, group {group.consumer_group!r}); {advice}",
+            )
+
+
 def create_group_layout(
     stream_prefix: str,
     record: StreamRecord | None,
@@ -129,15 +146,8 @@ def create_group_layout(
     than the record's.
     """
     others = list(others)
-    for other in others:
-        active = other.active_migration()
-        if active is not None:
-            # The new group would miss the migration the others are in.
-            raise Rejected(
-                "ACTIVE_MIGRATION_EXISTS",
-                f"stream {stream_prefix!r} is being resharded ({active.resharding_id}, "
-                f"{active.state.value}); create the group once it has finished",
-            )
+    # The new group would miss the migration the others are in.
+    refuse_active(stream_prefix, others, "create the group once it has finished")
     # The groups are the source of truth for the layout; the record only
     # matters for a stream that has none (yet).
     current = common_layout(stream_prefix, others)

@@ -7,7 +7,7 @@ in one process without "duplicated timeseries" errors.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -262,24 +262,22 @@ class Metrics:
         )
         # Bounded labels: both are fixed sets, created up front so the series
         # exist (at 0) before the first failure and rate() works at once.
-        self.compatibility_failures = Counter(
+        self.compatibility_failures = _counter_of(
             "redis_stream_coord_command_compatibility_failure_total",
             "Requests refused for compatibility: kind=redis_command (Redis refused a command "
             "the coordinator needs: unknown, renamed or denied by an ACL), "
             "kind=coordination_version (a client's protocol version is not supported).",
-            ["kind"],
-            registry=r,
+            "kind",
+            COMPATIBILITY_KINDS,
+            r,
         )
-        for kind in COMPATIBILITY_KINDS:
-            self.compatibility_failures.labels(kind)
-        self.audit_stream_failures = Counter(
+        self.audit_stream_failures = _counter_of(
             "redis_stream_coord_audit_stream_failure_total",
             "Audit records not copied to the Redis audit stream (the log line was written).",
-            ["reason"],
-            registry=r,
+            "reason",
+            AUDIT_STREAM_FAILURES,
+            r,
         )
-        for reason in AUDIT_STREAM_FAILURES:
-            self.audit_stream_failures.labels(reason)
         self.redis_errors = Counter(
             "redis_stream_coord_redis_errors_total",
             "Requests failed because Redis was unreachable or timed out.",
@@ -383,3 +381,13 @@ def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float |
             return lower + (bound - lower) * (rank - below) / (count - below)
         lower, below = bound, count
     return lower
+
+
+def _counter_of(
+    name: str, documentation: str, label: str, values: Iterable[str], registry: CollectorRegistry
+) -> Counter:
+    """A counter over a fixed set of label values, each created at 0 up front."""
+    counter = Counter(name, documentation, [label], registry=registry)
+    for value in values:
+        counter.labels(value)
+    return counter
