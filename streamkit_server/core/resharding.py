@@ -152,8 +152,7 @@ def complete_provisioning(
     group: GroupMetadata, resharding_id: str, now_ms: int, config: CoordinatorConfig
 ) -> Result[GroupMetadata]:
     """New shards exist in Redis: route to the new layout."""
-    draft = Draft(group, now_ms, config)
-    migration = _migration(draft, resharding_id)
+    draft, migration = _opened(group, resharding_id, now_ms, config)
     if migration.state is not MigrationState.PREPARING:
         return Result(group, (), group)  # a retry after the switch was already recorded
     held = migration.added_shards if migration.ordered else []
@@ -166,8 +165,7 @@ def fail_provisioning(
     group: GroupMetadata, resharding_id: str, now_ms: int, config: CoordinatorConfig
 ) -> Result[GroupMetadata]:
     """Provisioning failed before anything was routed: the migration ends."""
-    draft = Draft(group, now_ms, config)
-    migration = _migration(draft, resharding_id)
+    draft, migration = _opened(group, resharding_id, now_ms, config)
     if migration.state is MigrationState.PREPARING:
         _update_migration(draft, resharding_id, state=MigrationState.ROLLED_BACK)
     return finished(draft)
@@ -185,8 +183,7 @@ def apply_drain_probe(
     A proven shard stops being assignable: its holder is asked to revoke it
     (there is nothing left to read) and the next round retires it.
     """
-    draft = Draft(group, now_ms, config)
-    migration = _migration(draft, resharding_id)
+    draft, migration = _opened(group, resharding_id, now_ms, config)
     proven = {s for s, ok in drained.items() if ok and s in migration.removed_shards}
     if proven & set(draft.group.draining_shards):
         draft.group.draining_shards = sorted(set(draft.group.draining_shards) - proven)
@@ -208,8 +205,7 @@ def apply_retirement(
     already gone).  ``False``: new entries appeared, so the shard becomes
     assignable again and is drained once more.
     """
-    draft = Draft(group, now_ms, config)
-    migration = _migration(draft, resharding_id)
+    draft, migration = _opened(group, resharding_id, now_ms, config)
     done = sorted(s for s, ok in retired.items() if ok and s in migration.removed_shards)
     again = sorted(s for s, ok in retired.items() if not ok and s in migration.removed_shards)
     if again:
@@ -229,8 +225,7 @@ def apply_retirement(
 def rollback_resharding(
     group: GroupMetadata, resharding_id: str, now_ms: int, config: CoordinatorConfig
 ) -> Result[GroupMetadata]:
-    draft = Draft(group, now_ms, config)
-    migration = _migration(draft, resharding_id)
+    draft, migration = _opened(group, resharding_id, now_ms, config)
     if migration.state is MigrationState.PREPARING:
         # Nothing was routed yet: the same end as a failed provisioning.
         return fail_provisioning(group, resharding_id, now_ms, config)
@@ -328,6 +323,14 @@ def _fresh_shards(group: GroupMetadata, count: int, avoid: Collection[int]) -> l
             fresh.append(candidate)
         candidate += 1
     return fresh
+
+
+def _opened(
+    group: GroupMetadata, resharding_id: str, now_ms: int, config: CoordinatorConfig
+) -> tuple[Draft, MigrationRecord]:
+    """A draft of ``group`` and its migration ``resharding_id`` (refused if none)."""
+    draft = Draft(group, now_ms, config)
+    return draft, _migration(draft, resharding_id)
 
 
 def _migration(draft: Draft, resharding_id: str) -> MigrationRecord:
