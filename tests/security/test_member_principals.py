@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from streamkit.testing import RedisTarget
+from streamkit.testing import RedisServer, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit_server.auth.principals import hash_password
 
@@ -25,14 +25,14 @@ def _hb(member: str, epoch: int, **extra: Any) -> dict[str, Any]:
 
 
 async def test_only_the_joining_principal_can_leave_a_member_without_incarnation(
-    redis_url: str, coordinator_factory: Callable[..., CoordinatorProcess]
+    private_redis_server: RedisServer, coordinator_factory: Callable[..., CoordinatorProcess]
 ) -> None:
     principals = [
         {"username": name, "passwordHash": hash_password(pw), "roles": ["MEMBER"]}
         for name, pw in PASSWORDS.items()
     ]
     coord = coordinator_factory(
-        RedisTarget(redis_url, cluster=False),
+        RedisTarget(private_redis_server.url, cluster=False),
         env={"STREAMKIT_SERVER_PRINCIPALS": json.dumps(principals)},
     )
     a, b = (("svc-a", PASSWORDS["svc-a"]), ("svc-b", PASSWORDS["svc-b"]))

@@ -27,7 +27,16 @@ PASSWORD = "scoped-password-1"
 
 
 @pytest.fixture(scope="module")
-def coord(redis_server: RedisServer) -> Iterator[CoordinatorProcess]:
+def scoped_redis() -> Iterator[RedisServer]:
+    """A Redis of this module's own: a coordinator with production timings may
+    not join the shared one, where the suite's coordinators use short ones."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def coord(scoped_redis: RedisServer) -> Iterator[CoordinatorProcess]:
+    redis_server = scoped_redis
     hashed = hash_password(PASSWORD)
     principals = [
         {"username": "orders-svc", "passwordHash": hashed, "roles": ["MEMBER", "READ"],
