@@ -34,6 +34,7 @@ MEMBER = "streamkit/consumer/member.py"
 DRAFT = "streamkit_server/core/draft.py"
 HEARTBEAT = "streamkit_server/core/heartbeat.py"
 ROLLBACK = "streamkit_server/core/rollback.py"
+LIMITS = "streamkit_server/core/limits.py"
 WITNESS = "streamkit_server/core/witness.py"
 PINNED = "tests/core/test_pinned_schedules.py"
 SIMULATION = "tests/core/test_simulation.py"
@@ -279,6 +280,22 @@ MUTANTS = (
                 "        self._members_for_write()[member_id] = member",
             ),
         ),
+    ),
+    Mutant(
+        "principal-ignored",
+        "a member without an incarnation is not bound to the principal that joined it",
+        (
+            (
+                HEARTBEAT,
+                "    if request.incarnation is not None or principal is None:\n        return request\n",
+                "    return request\n",
+            ),
+        ),
+    ),
+    Mutant(
+        "evict-holders",
+        "a join drops departed member records that still hold shards",
+        ((LIMITS, "        and not group.shards_held_by(m.member_id)\n", ""),),
     ),
 )
 

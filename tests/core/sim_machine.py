@@ -29,6 +29,7 @@ from streamkit_server.core import (
     start_resharding,
     tick,
 )
+from streamkit_server.core.limits import RECORDS_PER_MEMBER_SLOT
 
 from .sim_world import (
     CONFIG,
@@ -43,6 +44,7 @@ from .sim_world import (
     Redis,
     SimMember,
     Snapshot,
+    reference_principal,
     reported,
     state_of,
     unchanged,
@@ -50,8 +52,8 @@ from .sim_world import (
 
 
 class ProtocolSimulation(RuleBasedStateMachine):
-    @initialize()
-    def setup(self) -> None:
+    @initialize(reference=st.sets(st.sampled_from(MEMBERS), max_size=2))
+    def setup(self, reference: frozenset[str] | set[str] = frozenset()) -> None:
         COVERAGE.count("examples")
         self.now = 0
         self.redis = Redis([Snapshot(1, new_group("orders", "billing", SHARDS, 0))])
@@ -65,8 +67,10 @@ class ProtocolSimulation(RuleBasedStateMachine):
         # (member id, incarnation, epoch) -> the snapshot whose write issued it,
         # as the member heard it: ground truth the coordinator does not have.
         self.epoch_origin: dict[tuple[str, str | None, int], Snapshot] = {}
-        for member in self.members.values():
-            member.start()
+        # Short-lived processes started so far (``short_lived_members``).
+        self.short_lived = 0
+        for label, member in self.members.items():
+            member.start(reference=label in reference)
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -118,13 +122,14 @@ class ProtocolSimulation(RuleBasedStateMachine):
         if fate == "lose_request" or member.cut_off(self.now):
             machine.request_failed()
             return
-        self.network.copy(request, self.redis, self._origin(request))
+        origin, principal = self._origin(request), member.principal
+        self.network.copy(request, self.redis, origin, principal)
         if fate == "delay":
             # The client times out and moves on; the request arrives later.
-            self.network.hold(request, self.redis, self._origin(request))
+            self.network.hold(request, self.redis, origin, principal)
             machine.request_failed()
             return
-        response = self._process(process).heartbeat(request, self.now)
+        response = self._process(process).heartbeat(request, self.now, principal)
         if fate == "lose_response" or response is None:
             machine.request_failed()
             return
@@ -163,6 +168,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
             process = data.draw(st.integers(0, len(PROCESSES) - 1), label="process")
             self._process(process).tick(self.now)
             self._process(process).drain_work(self.now)
+            self._churn_past_departed_reader(data, process)
             # A fresh order every round: who heartbeats first after a timeout
             # decides who sees a released shard first.
             order: list[str] = data.draw(st.permutations(sorted(self.members)), label="order")
@@ -179,6 +185,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
                     process = data.draw(st.integers(0, len(PROCESSES) - 1), label="process")
                 self._send(sim, data.draw(st.sampled_from(fates), label="fate"), process)
                 self.no_shard_held_twice()
+                self._churn_past_departed_reader(data, process)
                 self._deliver_reissued_reports(process)
                 if noisy and self.network.delayed and data.draw(st.booleans(), label="late"):
                     self.deliver_late_duplicate(data, process)
@@ -214,7 +221,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
             return
         self.now += to_server
         self.no_shard_held_twice()
-        response = self._process(process).heartbeat(request, self.now)
+        response = self._process(process).heartbeat(request, self.now, sim.principal)
         snapshot = self.redis.history[-1]
         self.now += to_client
         self.no_shard_held_twice()
@@ -331,20 +338,28 @@ class ProtocolSimulation(RuleBasedStateMachine):
         lost = held.from_lost_history(self.redis)
         if lost:
             COVERAGE.count("lost_history_deliveries")
-        self.deliver_late_duplicate_of(held.request, process, lost=lost)
+        self.deliver_late_duplicate_of(held.request, process, lost=lost, principal=held.principal)
 
     def deliver_late_duplicate_of(
-        self, request: HeartbeatRequest, process: int, *, lost: bool = False
+        self,
+        request: HeartbeatRequest,
+        process: int,
+        *,
+        lost: bool = False,
+        principal: str | None = None,
     ) -> None:
         stored = self.redis.history[-1]
         # What the heartbeat will see once due timeouts are applied.
         base = state_of(tick(stored.group, self.now, CONFIG))
-        self._process(process).heartbeat(request, self.now)  # nobody listens for the answer
+        # Nobody listens for the answer.
+        self._process(process).heartbeat(request, self.now, principal)
         if self.redis.history[-1] is stored:
             # Nothing was written (a refused join, a fence): the timeouts the
             # base applied never happened, so the stored state is the base.
             base = stored.group
-        self.late_report_moves_nothing(request, base, self.redis.current[1], lost=lost)
+        self.late_report_moves_nothing(
+            request, base, self.redis.current[1], lost=lost, principal=principal
+        )
 
     @rule(dt=st.one_of(st.integers(1, 150), st.integers(1, 2_000)))
     def advance_time(self, dt: int) -> None:
@@ -362,10 +377,12 @@ class ProtocolSimulation(RuleBasedStateMachine):
         self.members[member].stalled = False
 
     @precondition(lambda self: any(not m.alive for m in self.members.values()))
-    @rule(member=st.sampled_from(MEMBERS))
-    def restart(self, member: str) -> None:
+    @rule(member=st.sampled_from(MEMBERS), reference=st.booleans())
+    def restart(self, member: str, reference: bool) -> None:
+        """The process starts again: our client (a new incarnation) or a
+        reference client (a new member id, known by its principal)."""
         if not self.members[member].alive:
-            self.members[member].start()
+            self.members[member].start(reference=reference)
 
     @rule(shards=st.integers(1, 6), ordered=st.booleans(), process=st.integers(0, 1))
     def reshard(self, shards: int, ordered: bool, process: int) -> None:
@@ -503,7 +520,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
             return
         history = self.redis.history
         for shard, holder in sorted(history[-1].group.owners.items()):
-            sim = self.members.get(holder)
+            sim = self._sim_of(holder)
             if sim is None or sim.machine is None or shard not in sim.machine.reading:
                 continue
             grant = len(history) - 1
@@ -544,7 +561,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
         rejoining = {
             label
             for label, sim in self.members.items()
-            if sim.alive and label == sim.member_id and label not in group.members
+            if sim.alive and not sim.twin and label == sim.member_id and label not in group.members
         }
         stopped = sorted(label for label, sim in self.members.items() if not sim.alive)
         for joiner in [None, *stopped]:
@@ -615,19 +632,23 @@ class ProtocolSimulation(RuleBasedStateMachine):
 
     # -- identity faults ------------------------------------------------------------
 
-    @precondition(lambda self: not any(sim.label != sim.member_id for sim in self.members.values()))
+    @precondition(lambda self: not any(sim.twin for sim in self.members.values()))
     @rule(member=st.sampled_from(MEMBERS))
     def start_twin(self, member: str) -> None:
-        """A second process with the same (static) member id, another incarnation."""
-        twin = SimMember(member, label=f"{member}'")
+        """A second process with the same (static) member id, another
+        incarnation, deployed with the same credential."""
+        original = self.members[member]
+        twin = SimMember(
+            original.member_id, label=f"{member}'", principal=original.principal, twin=True
+        )
         twin.start()
         self.members[twin.label] = twin
         COVERAGE.count("twins")
 
-    @precondition(lambda self: any(sim.label != sim.member_id for sim in self.members.values()))
+    @precondition(lambda self: any(sim.twin for sim in self.members.values()))
     @rule()
     def stop_twin(self) -> None:
-        for label in [k for k, sim in self.members.items() if sim.label != sim.member_id]:
+        for label in [k for k, sim in self.members.items() if sim.twin]:
             del self.members[label]  # a crash: whatever it held lingers in Redis
 
     @rule(member=st.sampled_from(MEMBERS), duplicate=st.booleans(), process=st.integers(0, 1))
@@ -635,40 +656,128 @@ class ProtocolSimulation(RuleBasedStateMachine):
         """Drain, leave (-1), exit; a copy of the leave may arrive much later,
         after a restart (a new incarnation) took the member id again."""
         sim = self.members[member]
-        machine = sim.machine
-        if machine is None or sim.stalled:
+        if sim.machine is None or sim.stalled:
             return
+        self._leave(sim, process, duplicate=duplicate)
+        COVERAGE.count("graceful_stops")
+
+    def _leave(self, sim: SimMember, process: int, *, duplicate: bool = False) -> None:
+        machine = sim.machine
+        assert machine is not None
         machine.stop()
         for shard in sorted(machine.draining):
             machine.drained(shard)
         request = machine.leave_request(self.now)
         if duplicate:
-            self.network.hold(request, self.redis, None)
+            self.network.hold(request, self.redis, None, sim.principal)
         if not sim.cut_off(self.now):  # else the leave is lost: its shards wait for expiry
-            self._process(process).heartbeat(request, self.now)
+            self._process(process).heartbeat(request, self.now, sim.principal)
         sim.machine = None
-        COVERAGE.count("graceful_stops")
+
+    @rule(
+        count=st.integers(1, 16),
+        crashed=st.sets(st.integers(0, 15)),
+        reference=st.booleans(),
+        process=st.integers(0, 1),
+    )
+    def short_lived_members(
+        self, count: int, crashed: set[int], reference: bool, process: int
+    ) -> None:
+        """A deploy gone wrong: processes start, join and stop again one after
+        another, each under a member id of its own (our client draws one per
+        start), some leaving, some crashing.
+
+        Departed records stay for the retention period, so the group soon
+        holds as many as it keeps (``core.limits``; crashed ones count as live
+        until their lease ends, so joins meet the member limit too).  From
+        then on a join drops the oldest departed records, and one of a member
+        that may still read (fenced inside its lease, draining after a
+        rollback) must never be among them.
+        """
+        self._short_lived(count, crashed, reference, process)
+
+    def _short_lived(self, count: int, crashed: set[int], reference: bool, process: int) -> None:
+        for i in range(count):
+            self.short_lived += 1
+            self.now += 1
+            label = f"x{self.short_lived}"
+            sim = SimMember(label)
+            sim.start(reference=reference)
+            self.members[label] = sim
+            self._send(sim, "ok", process)
+            self.no_shard_held_twice()
+            if i in crashed:
+                sim.machine = None
+            else:
+                self._leave(sim, process)
+            del self.members[label]
+
+    def _churn_past_departed_reader(self, data: st.DataObject, process: int) -> None:
+        """Sometimes, when a member is departed in Redis (just fenced) while
+        its process still reads (it has not heard yet, its lease runs on): a
+        wave of short-lived processes takes the group past the departed
+        records it keeps.  No join may drop that member's record (the shards
+        it holds would be granted at once), so past the cap they are refused.
+        Drawn only at that moment, which random rules between steps never hit."""
+        if not self._departed_readers() or not data.draw(st.booleans(), label="wave"):
+            return
+        group = self.redis.current[1]
+        cap = RECORDS_PER_MEMBER_SLOT * CONFIG.max_members_per_group
+        COVERAGE.count("departed_readers_at_cap")
+        reference = data.draw(st.booleans(), label="reference")
+        self._short_lived(max(1, cap - len(group.members) + 2), set(), reference, process)
+
+    def _departed_readers(self) -> list[str]:
+        """Members departed in Redis that hold shards their process still holds."""
+        group = self.redis.current[1]
+        found = []
+        for member_id, record in group.members.items():
+            sim = self._sim_of(member_id)
+            held = set(group.shards_held_by(member_id))
+            if record.live or sim is None or not held & sim.holding(self.now):
+                continue
+            found.append(member_id)
+        return found
 
     @rule(
         member=st.sampled_from(MEMBERS),
         incarnation=st.sampled_from([None, "forged"]),
+        leave=st.booleans(),
+        insider=st.booleans(),
         process=st.integers(0, 1),
     )
-    def forged_leave(self, member: str, incarnation: str | None, process: int) -> None:
-        """Anyone who reaches the member API sends a leave for someone else's id."""
+    def forged_leave(
+        self, member: str, incarnation: str | None, leave: bool, insider: bool, process: int
+    ) -> None:
+        """Anyone who reaches the member API sends a leave, or a report that
+        gives every shard up, for someone else's member id: with its current
+        epoch (epochs are shown to anyone with READ), under a member
+        credential of its own (``insider``: another member's; else an
+        intruder's)."""
+        target = self.members[member].member_id
+        record = self.redis.current[1].members.get(target)
+        epoch = -1 if leave or record is None else record.member_epoch
         request = HeartbeatRequest(
             protocol_version=1,
             request_id="forged",
-            member_id=member,
-            member_epoch=-1,
+            member_id=target,
+            member_epoch=epoch,
             metadata_version=self.redis.current[1].metadata_version,
             runtime_consumer_capacity=RuntimeConsumerCapacity(
                 runtime_max_concurrency=1, available_concurrency=1
             ),
             incarnation=incarnation,
         )
-        COVERAGE.count("forged_leaves")
-        self.deliver_late_duplicate_of(request, process)
+        others = sorted({sim.principal for sim in self.members.values()} - {f"p-{member}"})
+        principal = others[0] if insider else "intruder"
+        COVERAGE.count("forged_leaves" if leave else "forged_reports")
+        self.deliver_late_duplicate_of(request, process, principal=principal)
+
+    def _sim_of(self, member_id: str) -> SimMember | None:
+        """The process (not a twin) whose current start has ``member_id``."""
+        return next(
+            (s for s in self.members.values() if s.member_id == member_id and not s.twin), None
+        )
 
     # -- the safety properties --------------------------------------------------------
 
@@ -693,6 +802,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
         after: GroupMetadata,
         *,
         lost: bool = False,
+        principal: str | None = None,
     ) -> None:
         """Checked on every late delivery, whatever its epoch.
 
@@ -703,24 +813,27 @@ class ProtocolSimulation(RuleBasedStateMachine):
         COVERAGE.count("late_deliveries_checked")
         sender = request.member_id
         member = base.members.get(sender)
+        # Whether the process the record belongs to sent it, as the simulation
+        # knows it: our clients by the incarnation they drew, a reference
+        # client (no incarnation, a member id per start) by its credential.
+        own = member is not None and (
+            member.incarnation == request.incarnation
+            if request.incarnation is not None
+            else principal is not None and principal == reference_principal(sender)
+        )
         # A report from a history Redis lost is never current, whatever its
         # numbers say (the simulation knows where its epoch was issued).
         current = (
             not lost
+            and own
             and member is not None
             and member.live
-            and member.incarnation == request.incarnation
             and request.member_epoch == member.member_epoch
         )
-        # A leave carrying the member's incarnation is true whenever it arrives:
-        # that start of the process drained and reads nothing, ever again (a
-        # process that rejoins draws a new incarnation first).
-        own_leave = (
-            request.member_epoch < 0
-            and request.incarnation is not None
-            and member is not None
-            and member.incarnation == request.incarnation
-        )
+        # A leave from the process itself is true whenever it arrives: that
+        # start of the process drained and reads nothing, ever again (a process
+        # that rejoins draws a new incarnation, or a new member id, first).
+        own_leave = request.member_epoch < 0 and own
         still = reported(request)
         for shard, owner in base.owners.items():
             now_owner = after.owners.get(shard)

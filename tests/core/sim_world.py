@@ -25,6 +25,7 @@ from streamkit_server.core import (
     CoordinatorConfig,
     GroupMetadata,
     Result,
+    TooManyMembers,
     apply_drain_probe,
     apply_retirement,
     begin_correction,
@@ -54,11 +55,17 @@ CONFIG = CoordinatorConfig(
     member_lease_ttl_ms=500,
     rebalance_timeout_ms=600,
     producer_routing_lease_ms=300,
+    max_members_per_group=6,
 )
 # More members than shards: every shard is wanted by someone, so most checks
 # happen while several members hold shards and handoffs are under way.
 MEMBERS = ("m0", "m1", "m2", "m3", "m4")
 SHARDS = 4
+# The member limit is one above the members, so a short-lived process or two
+# starting beside them meets it, and the departed records' cap (four per
+# allowed member, ``core.limits``) is within reach of a schedule: joins then
+# drop departed records (``evictable_records``).
+MEMBER_LIMIT = CONFIG.max_members_per_group
 PROCESSES = ("c0", "c1")
 #: Requests whose late copies the network keeps: enough for several rounds of
 #: every member.
@@ -313,17 +320,32 @@ class CoordinatorProcess:
         COVERAGE.count("member_only_writes" if not document else "document_writes")
         return stored
 
-    def heartbeat(self, request: HeartbeatRequest, now: int) -> HeartbeatResponse | None:
-        """The answer, or None for a refusal (``409 MEMBER_ID_IN_USE``)."""
+    def heartbeat(
+        self, request: HeartbeatRequest, now: int, principal: str | None = None
+    ) -> HeartbeatResponse | None:
+        """The answer, or None for a refusal (``409 MEMBER_ID_IN_USE``, the
+        member limit).  ``principal``: the credential the request came with."""
         answers: list[HeartbeatResponse] = []
 
         def op(group: GroupMetadata) -> Result[Any]:
             try:
-                outcome = handle_heartbeat(group, request.member_id, request, now, CONFIG)
+                outcome = handle_heartbeat(
+                    group, request.member_id, request, now, CONFIG, principal=principal
+                )
+            except TooManyMembers:
+                COVERAGE.count("joins_over_limit")
+                return unchanged(group)
             except Rejected:
                 COVERAGE.count("joins_refused")
                 return unchanged(group)
             answers.append(outcome.response)
+            dropped = [
+                c.member_id
+                for c in outcome.changes
+                if isinstance(c, MemberRemoved) and c.member_id != request.member_id
+            ]
+            if dropped:
+                COVERAGE.count("departed_records_dropped")
             return outcome
 
         if not self.steady(op, now):
@@ -380,16 +402,39 @@ class SimMember:
     #: A network partition: until then no request of this process reaches a
     #: coordinator, while it keeps reading under the lease it already has.
     cut_off_until: int = 0
+    #: The credential every request of this process carries.  A twin (another
+    #: process given the same member id) uses the same one: deployments share
+    #: their secrets.
+    principal: str = ""
+    #: This start is a reference client: it sends no incarnation, so the
+    #: coordinator knows it only by the principal that joined it
+    #: (``core.heartbeat.caller_identity``).  Like a KIP-848 client it draws a
+    #: member id per start (a static id reused across starts cannot be told
+    #: apart from its previous process without an incarnation: a documented
+    #: limit of those clients, not modelled).
+    reference: bool = False
+    twin: bool = False
+    starts: int = 0
 
     def cut_off(self, now: int) -> bool:
         return now < self.cut_off_until
 
-    def start(self) -> None:
+    def start(self, *, reference: bool = False) -> None:
         # The longest local lease the protocol allows: the tightest margins.
-        # Every start is a new incarnation, as in the real runtime.
+        # Every start of our client is a new incarnation, as in the real runtime.
         self.label = self.label or self.member_id
+        self.principal = self.principal or f"p-{self.label}"
+        self.starts += 1
+        self.reference = reference and not self.twin
+        if self.reference:
+            COVERAGE.count("reference_starts")
+            self.member_id = f"{self.label}.{self.starts}"
+        elif not self.twin:
+            self.member_id = self.label
         self.machine = MemberStateMachine(
-            self.member_id, lease_ms=CONFIG.member_lease_ttl_ms, incarnation=new_incarnation()
+            self.member_id,
+            lease_ms=CONFIG.member_lease_ttl_ms,
+            incarnation=None if self.reference else new_incarnation(),
         )
 
     @property
@@ -425,6 +470,8 @@ class Held:
     #: The snapshot whose write issued the epoch the request carries (None for
     #: a join or a leave).
     origin: Snapshot | None = None
+    #: The credential it was sent with.
+    principal: str | None = None
 
     def from_lost_history(self, redis: Redis) -> bool:
         """The epoch it carries was issued by a write Redis no longer has: the
@@ -441,11 +488,23 @@ class Network:
     #: since join ``delayed`` and arrive late.
     copies: deque[Held] = field(default_factory=lambda: deque(maxlen=COPIES_KEPT))
 
-    def hold(self, request: HeartbeatRequest, redis: Redis, origin: Snapshot | None) -> None:
-        self.delayed.append(Held(request, len(redis.history), origin=origin))
+    def hold(
+        self,
+        request: HeartbeatRequest,
+        redis: Redis,
+        origin: Snapshot | None,
+        principal: str | None = None,
+    ) -> None:
+        self.delayed.append(Held(request, len(redis.history), origin=origin, principal=principal))
 
-    def copy(self, request: HeartbeatRequest, redis: Redis, origin: Snapshot | None) -> None:
-        self.copies.append(Held(request, len(redis.history), origin=origin))
+    def copy(
+        self,
+        request: HeartbeatRequest,
+        redis: Redis,
+        origin: Snapshot | None,
+        principal: str | None = None,
+    ) -> None:
+        self.copies.append(Held(request, len(redis.history), origin=origin, principal=principal))
 
     def history_lost_from(self, index: int) -> None:
         """Redis kept only its first ``index`` snapshots."""
@@ -453,11 +512,18 @@ class Network:
             if held.sent_at > index:
                 held.lost = True
         self.delayed.extend(
-            Held(c.request, c.sent_at, lost=True, origin=c.origin)
+            Held(c.request, c.sent_at, lost=True, origin=c.origin, principal=c.principal)
             for c in self.copies
             if c.sent_at > index
         )
         self.copies.clear()
+
+
+def reference_principal(member_id: str) -> str | None:
+    """The credential of the reference client that drew ``member_id`` (None:
+    not such an id).  ``SimMember.start`` draws ``<label>.<start>``."""
+    label, dot, _ = member_id.rpartition(".")
+    return f"p-{label}" if dot else None
 
 
 def reported(request: HeartbeatRequest) -> set[int]:

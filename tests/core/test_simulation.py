@@ -5,8 +5,10 @@ Hypothesis drives five members, two coordinator processes sharing one Redis
 lossy network.  Schedules alternate calm stretches (rounds of heartbeats in
 which members keep several shards, hand them over and drain them) with fault
 bursts: lost requests and answers, late duplicates, slow round trips, member
-crashes and restarts, time jumps past leases and rebalance timeouts, reshards
-and Redis losing its latest writes.
+crashes and restarts (as our client, or as a reference client known only by
+its credential), short-lived processes that fill the group's member records,
+forged leaves and reports from other credentials, time jumps past leases and
+rebalance timeouts, reshards and Redis losing its latest writes.
 
 Checked after every step and after every heartbeat of a calm stretch: no shard
 is *held* by two members at once, where holding means the member may read the
@@ -66,6 +68,11 @@ REQUIRED = (
     "joins_refused",
     "graceful_stops",
     "forged_leaves",
+    "forged_reports",
+    "reference_starts",
+    "joins_over_limit",
+    "departed_records_dropped",
+    "departed_readers_at_cap",
     "failovers",
     "server_changes_detected",
     "member_only_writes",
