@@ -287,7 +287,8 @@ MUTANTS = (
         (
             (
                 HEARTBEAT,
-                "    if request.incarnation is not None or principal is None:\n        return request\n",
+                "    if request.incarnation is not None or principal is None:\n"
+                "        return request\n",
                 "    return request\n",
             ),
         ),
