@@ -301,6 +301,17 @@ class ServerSettings(BaseSettings):
         ge=0,
         description="Requests to `WRITE` operations per principal per minute (0: off).",
     )
+    # Joins (memberEpoch 0) per member principal per minute: a rolling
+    # restart of a large fleet under one credential stays far below it.
+    joins_per_minute: int = Field(
+        default=1_200,
+        ge=0,
+        description=(
+            "Joins (`memberEpoch` 0) one principal may send per minute, all groups together, "
+            "before it gets `429` (0: off). A loop of joins under fresh member ids would "
+            "otherwise churn a group's records and rebalance it without end."
+        ),
+    )
     # Heartbeats per group per heartbeat interval, as a multiple of the most
     # members a group may have: each member sends one per interval.
     heartbeat_rate_multiple: int = Field(

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.routing import APIRoute
 
+from streamkit.protocol import HeartbeatRequest
 from streamkit_server.auth.access import required_role
 from streamkit_server.auth.ratelimit import RateLimited
 from streamkit_server.auth.security import AuthError, Principal, Role, basic_username
@@ -191,6 +192,21 @@ async def rate_limit_member(rt: Runtime, prefix: str, group: str) -> None:
         "heartbeat", f"{prefix}/{group}", window_ms=settings.heartbeat_interval_ms,
         limit=settings.heartbeat_rate_multiple * settings.max_members_per_group,
     )  # fmt: skip
+
+
+async def rate_limit_join(rt: Runtime, principal: str | None, body: HeartbeatRequest) -> None:
+    """Count a join (``memberEpoch`` 0) against its principal's limit.
+
+    Departed member records no longer block joins (``core.limits``), but
+    every join still writes a record and rebalances the group: a credential
+    that joins with fresh member ids in a loop is slowed to this rate.
+    Batched like the heartbeat limit: no round trip per join.
+    """
+    if rt.limiter is None or principal is None or body.member_epoch != 0:
+        return
+    await rt.limiter.check_batched(
+        "join", principal, window_ms=_MINUTE_MS, limit=rt.settings.joins_per_minute
+    )
 
 
 async def _caller(request: Request) -> Principal:

@@ -43,7 +43,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from streamkit.protocol import API_PREFIX, HeartbeatAnswer
 from streamkit_server.api import members
 from streamkit_server.api.bodies import HeartbeatRequest
-from streamkit_server.api.deps import check_scope, rate_limit_member, verified_principal
+from streamkit_server.api.deps import (
+    check_scope,
+    rate_limit_join,
+    rate_limit_member,
+    verified_principal,
+)
 from streamkit_server.api.errors import is_json
 from streamkit_server.api.performance import RequestMetricsMiddleware
 from streamkit_server.auth.access import required_role
@@ -172,6 +177,7 @@ class HeartbeatPath:
             await rate_limit_member(rt, prefix, group)
         service = rt.service
         name = None if principal is None else principal.username
+        await rate_limit_join(rt, name, request)
         decided = await service.heartbeat(service.keys(prefix, group), member_id, request, name)
         # ``HeartbeatAnswer`` is the response plus one last field: appended to
         # the response's JSON, the same bytes as building and dumping the

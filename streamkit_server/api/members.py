@@ -13,7 +13,7 @@ from streamkit.protocol import (
     HeartbeatResponse,
 )
 from streamkit_server.api.bodies import HeartbeatRequest
-from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
+from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, rate_limit_join, runtime
 from streamkit_server.store.keys import GroupKeys
 from streamkit_server.store.provisioning import validate_member_id
 
@@ -49,6 +49,7 @@ async def heartbeat(
     service = runtime(request).service
     # "anonymous": the insecure member switch, where no caller is known.
     principal = None if caller.method == "none" else caller.username
+    await rate_limit_join(runtime(request), principal, body)
     decided = await service.heartbeat(keys, memberId, body, principal)
     response = HeartbeatAnswer.model_construct(
         **dict(decided), member_lease_ttl_ms=service.config.member_lease_ttl_ms
