@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 import time
@@ -28,6 +27,7 @@ from streamkit_server.coordination.retention import RetentionJanitor, Trimmer
 from streamkit_server.coordination.service import CoordinatorService
 from streamkit_server.coordination.timings import Timings
 from streamkit_server.core import LAYOUT_VERSION, SCHEMA_VERSION
+from streamkit_server.observability.audit import emit as emit_audit
 from streamkit_server.observability.audit_stream import AuditStream
 from streamkit_server.observability.health import HealthFacts, assess
 from streamkit_server.observability.metrics import Metrics
@@ -180,10 +180,7 @@ class Runtime:
 
     def _audit(self, record: dict[str, Any]) -> None:
         """An audit record the service made (not tied to a refused request)."""
-        line = json.dumps(record, separators=(",", ":"), sort_keys=True, default=str)
-        logging.getLogger("streamkit_server.audit").info(line)
-        if self.audit_stream is not None:
-            self.audit_stream.submit(line)
+        emit_audit(record, self.audit_stream)
 
     def begin_terminating(self) -> None:
         """Close the gate: new heartbeats/mutations get 503; the tick stops scheduling."""

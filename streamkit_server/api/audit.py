@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,29 +22,18 @@ from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamkit_server.auth.security import Principal, basic_username
+from streamkit_server.observability.audit import MAX_RECORD_BYTES, audit_log, emit
 
 __all__ = ["MAX_RECORD_BYTES", "REFUSALS", "AuditMiddleware", "audit_log", "audited"]
 
-audit_log = logging.getLogger("streamkit_server.audit")
-
 # Refusals worth a record: authentication, authorization, input, conflicts, limits.
 REFUSALS: Final = frozenset({400, 401, 403, 404, 409, 413, 422, 429})
-_FIELDS_MAX: Final = 256
-#: The longest audit record (JSON, UTF-8): ~20 fields of at most _FIELDS_MAX characters.
-MAX_RECORD_BYTES: Final = 8 * 1024
 
 
 def _emit(scope: Scope, record: dict[str, Any]) -> None:
-    line = json.dumps(_bounded(record), separators=(",", ":"), sort_keys=True, default=str)
-    if len(line.encode()) > MAX_RECORD_BYTES:  # cannot happen with _bounded; a backstop
-        line = json.dumps({"kind": record.get("kind"), "status": record.get("status"),
-                           "truncated": True}, sort_keys=True)  # fmt: skip
-    audit_log.info(line)
     app = scope.get("app")
     runtime = getattr(getattr(app, "state", None), "runtime", None)
-    stream = getattr(runtime, "audit_stream", None)
-    if stream is not None:
-        stream.submit(line)  # queued, never awaited: Redis cannot slow the answer
+    emit(record, getattr(runtime, "audit_stream", None))
 
 
 def _accountability(body: bytes) -> tuple[str | None, str | None]:
@@ -64,22 +52,6 @@ def _accountability(body: bytes) -> tuple[str | None, str | None]:
         return None, None
     by, reason = parsed.get("requestedBy"), parsed.get("reason")
     return (by if isinstance(by, str) else None, reason if isinstance(reason, str) else None)
-
-
-def _bounded(record: dict[str, Any]) -> dict[str, Any]:
-    """Every caller-supplied string cut to ``_FIELDS_MAX`` characters.
-
-    Headers, path parameters and body fields all end up here; cut, a record
-    stays under ``MAX_RECORD_BYTES`` whatever a caller sends (the audit
-    stream's MAXLEN bounds the count, this bounds each entry).
-    """
-    out: dict[str, Any] = {}
-    for name, value in record.items():
-        if isinstance(value, str) and len(value) > _FIELDS_MAX:
-            value = value[:_FIELDS_MAX] + "…"
-            out["truncated"] = True
-        out[name] = value
-    return out
 
 
 def _error_code(answer: bytes) -> str | None:
