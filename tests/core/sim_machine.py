@@ -745,16 +745,29 @@ class ProtocolSimulation(RuleBasedStateMachine):
         leave=st.booleans(),
         insider=st.booleans(),
         process=st.integers(0, 1),
+        sharp=st.booleans(),
     )
     def forged_leave(
-        self, member: str, incarnation: str | None, leave: bool, insider: bool, process: int
+        self,
+        member: str,
+        incarnation: str | None,
+        leave: bool,
+        insider: bool,
+        process: int,
+        sharp: bool,
     ) -> None:
         """Anyone who reaches the member API sends a leave, or a report that
         gives every shard up, for someone else's member id: with its current
         epoch (epochs are shown to anyone with READ), under a member
         credential of its own (``insider``: another member's; else an
-        intruder's)."""
-        target = self.members[member].member_id
+        intruder's).  ``sharp``: aimed at a reference client that holds
+        shards, when one does (nothing but its principal tells its requests
+        from the forger's)."""
+        sims = [self.members[member]]
+        if sharp:
+            sims = [s for s in self.members.values() if s.reference and s.holding(self.now)]
+            sims = sims or [self.members[member]]
+        target = sims[MEMBERS.index(member) % len(sims)].member_id
         record = self.redis.current[1].members.get(target)
         epoch = -1 if leave or record is None else record.member_epoch
         request = HeartbeatRequest(
