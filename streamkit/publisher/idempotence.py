@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import itertools
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from redis.exceptions import ResponseError
 
 from streamkit.connections import AsyncRedis
-from streamkit.scripts import IDEMPOTENT_XADD, slot_key
+from streamkit.scripts import IDEMPOTENT_XADD, IDEMPOTENT_XADD_MANY, slot_key
 
 __all__ = [
     "IDEMPOTENCY_FIELD",
@@ -98,6 +99,21 @@ class PublishIdempotence:
                 "" if maxlen is None else maxlen,
                 *args,
             ),
+        )
+
+    def command_many(
+        self, stream_key: str, maxlen: int | None, batch: Sequence[tuple[str, list[Any]]]
+    ) -> tuple[Any, ...]:
+        """The check-and-append of many entries of one shard (``batch``: (id,
+        fields) each), one script call; not for ``native`` (``XADD IDMP``)."""
+        args: list[Any] = [int(self.window * 1000), self.max_ids, "" if maxlen is None else maxlen]
+        args.append(len(batch))
+        for idem_id, fields in batch:
+            args.append(idem_id)
+            args.append(len(fields))
+            args += fields
+        return IDEMPOTENT_XADD_MANY.command(
+            (stream_key, slot_key(stream_key, "idem"), slot_key(stream_key, "idem:order")), args
         )
 
 
