@@ -96,9 +96,7 @@ async def test_batched_check_and_append_on_a_missing_stream_writes_nothing(
         live, gone = "{pm}:live:0", "{pm2}:gone:0"
         await r.xgroup_create(live, "g", id="0", mkstream=True)
         batch = [("a", ["n", "1"]), ("b", ["n", "2"]), ("a", ["n", "3"])]
-        replies = await IDEMPOTENT_XADD_MANY.run(
-            r, *_split(IDEM.command_many(gone, None, batch))
-        )
+        replies = await IDEMPOTENT_XADD_MANY.run(r, *_split(IDEM.command_many(gone, None, batch)))
         assert [appended(x) for x in replies] == [None, None, None]
         assert await r.exists(gone, slot_key(gone, "idem"), slot_key(gone, "idem:order")) == 0
         replies = await IDEMPOTENT_XADD_MANY.run(r, *_split(IDEM.command_many(live, 5, batch)))
