@@ -148,17 +148,13 @@ return {id, 0}
 #       id, argument count, field, value, ...
 # Returns one reply per entry, as IDEMPOTENT_XADD's: {entry id, 0} appended,
 # {first entry id, 1} a repeat (also of an id earlier in the same call), or
-# false when the stream does not exist (then nothing at all was written).
+# false when the stream does not exist (nothing appended; a repeat is still
+# answered from the record, as by the one-entry script).
 # Each entry is checked and appended in order, as that many one-entry calls
 # would be; the bound (max ids) is applied once at the end.
 IDEMPOTENT_XADD_MANY: Final = Script(
     "idempotent_xadd_many",
     """
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local none = {}
-  for c = 1, tonumber(ARGV[4]) do none[c] = false end
-  return none
-end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local count = tonumber(ARGV[4])
@@ -169,9 +165,9 @@ if #old > 0 then
   redis.call('ZREM', KEYS[3], unpack(old))
   redis.call('HDEL', KEYS[2], unpack(old))
 end
-local head = {'XADD', KEYS[1]}
+local head = {'XADD', KEYS[1], 'NOMKSTREAM'}
 if ARGV[3] ~= '' then
-  head[3] = 'MAXLEN'; head[4] = '~'; head[5] = ARGV[3]
+  head[4] = 'MAXLEN'; head[5] = '~'; head[6] = ARGV[3]
 end
 head[#head + 1] = '*'
 local replies, added, i = {}, 0, 5
@@ -185,10 +181,14 @@ for c = 1, count do
     local n = #args
     for j = 1, argc do args[n + j] = ARGV[i + 1 + j] end
     local id = redis.call(unpack(args))
-    redis.call('HSET', KEYS[2], idem, id)
-    redis.call('ZADD', KEYS[3], now, idem)
-    added = added + 1
-    replies[c] = {id, 0}
+    if id then
+      redis.call('HSET', KEYS[2], idem, id)
+      redis.call('ZADD', KEYS[3], now, idem)
+      added = added + 1
+      replies[c] = {id, 0}
+    else
+      replies[c] = false
+    end
   end
   i = i + 2 + argc
 end
