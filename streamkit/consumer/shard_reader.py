@@ -353,36 +353,28 @@ class ShardReader:
                     _MIN_BLOCK_MS, min(block_ms, self._retries.until_due_ms(monotonic_ms()))
                 )
         if self._acks.rare or (block_ms is not None and self._acks.commits):
-            # Rare: deletes and dead letters keep their own round trip.  So do
-            # commits before a read that may block: their replies (counts,
-            # progress) would wait for its end.
-            await self._acks.flush()
-        # The acks of the last batch go out in the same round trip as this
-        # read (one pipeline, one key: one node in a cluster too), ahead of it.
+            await self._acks.flush()  # rare paths; commits before a read that may block
+        # The acks (and commit scripts, before a read that cannot block) of the last batch
+        # go out in the same round trip as this read (one pipeline, one key), ahead of it.
         acks = self._acks.take()
-        # An idempotent listener's commits too (scripts ahead of the XACK):
-        # a commit is atomic by itself, riding only saves its round trip.
-        commits, chunks, ahead = self._acks.take_commits()
-        ahead_replies: list[Any] = []
+        commits, chunks, ahead = self._acks.take_commits() if block_ms is None else ([], [], [])
         entries: list[Entry] | Exception = []
+        ahead_replies: list[Any] = []
         try:
             with self._observed_read() as tally:
-                read = self._within_lease(
-                    self._io.read(count, block_ms, acks, ahead, ahead_replies)
-                )
+                sent = self._io.read(count, block_ms, acks, ahead, ahead_replies)
+                read = self._within_lease(sent)
                 reply = await (read if block_ms is None else self.interruptibly(read))
                 if reply is None:  # halted while blocking: the XACK's fate is unknown
                     self._acks.requeue(acks)
-                    self._acks.requeue_commits(commits)
-                    acks, commits = [], []
+                    acks = []
                 else:
                     ack_reply, entries = reply
                     if acks:
                         self._acks.book(acks, ack_reply)
                         acks = []  # booked or queued again
-                    if commits:
-                        self._acks.book_ridden(commits, chunks, ahead_replies)
-                        commits = []
+                    self._acks.book_ridden(commits, chunks, ahead_replies)
+                    commits = []
                     if isinstance(entries, Exception):
                         raise entries
                     tally.count = len(entries)
