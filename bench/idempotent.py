@@ -3,8 +3,8 @@
 * consume: the same pre-published backlog consumed by an in-process app
   whose handler only acks, once with a plain listener (``XACK`` riding with
   the next read) and once with ``idempotent=True`` (a marker check per read,
-  then marker + ``XACK`` in one script per entry, a read's scripts in one
-  round trip), alternating, ``--repeat`` times; the ratio is time per entry.
+  then one script of marker + ``XACK`` for the read's entries, riding with
+  the next read), alternating, ``--repeat`` times; the ratio is time per entry.
 * memory: ``MEMORY USAGE`` of a shard's marker set after ``--memory-ids``
   commits, and of a shard's publish dedup record after as many idempotent
   publishes, per id (ids of ~30 bytes, as a producer id + sequence or an

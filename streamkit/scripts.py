@@ -1,6 +1,6 @@
 """Every Lua script the client runs, in one place, and how it runs them.
 
-Two scripts, each touching the keys of one cluster slot only (the shard
+Three scripts, each touching the keys of one cluster slot only (the shard
 stream's): keys derived from a shard key with :func:`slot_key` carry the
 shard key as their hash tag, so a script over a shard and its records is
 valid on a Redis Cluster.
@@ -9,6 +9,9 @@ valid on a Redis Cluster.
   (a hash: idempotency id -> entry id, and a sorted set of the same ids by
   time, which bounds it) says whether the id was appended already; if so the
   first entry id is returned and nothing is appended.
+* :data:`IDEMPOTENT_XADD_MANY`: the same for many entries of one shard in
+  one call (a ``publish_many`` batch): one script call, one clock read and
+  one expiry scan for all of them, which is what makes it cheap.
 * :data:`COMMIT`: a consumer's marker + ``XACK`` (+ ``XDEL``) + staged
   effects, after checking the shard's fencing token.  A marker that exists
   already turns the commit into an ack alone (a duplicate: effects skipped).
@@ -35,6 +38,7 @@ __all__ = [
     "COMMIT",
     "FENCED_ERROR",
     "IDEMPOTENT_XADD",
+    "IDEMPOTENT_XADD_MANY",
     "Script",
     "is_fenced",
     "is_noscript",
@@ -136,6 +140,66 @@ if over > 0 then
   for i = 1, #popped, 2 do redis.call('HDEL', KEYS[2], popped[i]) end
 end
 return {id, 0}
+""",
+)
+
+# KEYS: stream, dedup hash, dedup order (as IDEMPOTENT_XADD)
+# ARGV: window ms, max ids, maxlen ('' = none), entry count, then per entry:
+#       id, argument count, field, value, ...
+# Returns one reply per entry, as IDEMPOTENT_XADD's: {entry id, 0} appended,
+# {first entry id, 1} a repeat (also of an id earlier in the same call), or
+# false when the stream does not exist (nothing appended; a repeat is still
+# answered from the record, as by the one-entry script).
+# Each entry is checked and appended in order, as that many one-entry calls
+# would be; the bound (max ids) is applied once at the end.
+IDEMPOTENT_XADD_MANY: Final = Script(
+    "idempotent_xadd_many",
+    """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local count = tonumber(ARGV[4])
+-- Expired ids first, bounded by what this call adds (as the one-entry script).
+local old = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[1]),
+                       'LIMIT', 0, count + 8)
+if #old > 0 then
+  redis.call('ZREM', KEYS[3], unpack(old))
+  redis.call('HDEL', KEYS[2], unpack(old))
+end
+local head = {'XADD', KEYS[1], 'NOMKSTREAM'}
+if ARGV[3] ~= '' then
+  head[4] = 'MAXLEN'; head[5] = '~'; head[6] = ARGV[3]
+end
+head[#head + 1] = '*'
+local replies, added, i = {}, 0, 5
+for c = 1, count do
+  local idem, argc = ARGV[i], tonumber(ARGV[i + 1])
+  local first = redis.call('HGET', KEYS[2], idem)
+  if first then
+    replies[c] = {first, 1}
+  else
+    local args = {unpack(head)}
+    local n = #args
+    for j = 1, argc do args[n + j] = ARGV[i + 1 + j] end
+    local id = redis.call(unpack(args))
+    if id then
+      redis.call('HSET', KEYS[2], idem, id)
+      redis.call('ZADD', KEYS[3], now, idem)
+      added = added + 1
+      replies[c] = {id, 0}
+    else
+      replies[c] = false
+    end
+  end
+  i = i + 2 + argc
+end
+if added > 0 then
+  local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[2])
+  if over > 0 then
+    local popped = redis.call('ZPOPMIN', KEYS[3], over)
+    for k = 1, #popped, 2 do redis.call('HDEL', KEYS[2], popped[k]) end
+  end
+end
+return replies
 """,
 )
 

@@ -28,7 +28,7 @@ from streamkit.consumer.message import Message, Settlement
 from streamkit.consumer.shard_io import Entry, LeaseCut, ShardIO, id_key, later_id
 from streamkit.redis_health import RedisReachability, describe_error, is_unreachable_error
 from streamkit.results import Decision
-from streamkit.scripts import is_fenced
+from streamkit.scripts import is_fenced, is_noscript
 
 __all__ = ["AckQueue", "backoff_s"]
 
@@ -63,6 +63,9 @@ class AckQueue:
         self.token: bytes | None = None
         #: Commits of an idempotent listener, in the order they were settled.
         self.commits: list[Commit] = []
+        #: A commit that rode with a read met ``NOSCRIPT``: the next ones go
+        #: out on their own (``flush``), which loads the script.
+        self.script_lost = False
         #: Shared by the member's readers (duplicates skipped, commits fenced).
         self.counts = counts or CommitCounts()
         self.acks: list[bytes] = []
@@ -78,8 +81,9 @@ class AckQueue:
 
     @property
     def rare(self) -> bool:
-        """Ack-deletes or dead letters are queued (they do not ride with a read)."""
-        return bool(self.dels or self.letters or self.commits)
+        """Ack-deletes or dead letters are queued (they do not ride with a read;
+        an idempotent listener's commits do, as plain acks)."""
+        return bool(self.dels or self.letters or (self.commits and self.script_lost))
 
     def drop(self) -> None:
         self.dropped = True
@@ -241,6 +245,7 @@ class AckQueue:
 
     async def _flush_commits(self, final: bool) -> None:
         commits, self.commits = self.commits, []
+        self.script_lost = False
         io, idempotence, token = self._io, self.idempotence, self.token
         assert idempotence is not None and token is not None
         for attempt in range(1, (3 if final else 1) + 1):
@@ -265,6 +270,43 @@ class AckQueue:
                 return
             break
         self._reachability.succeeded()
+        self.book_commits(commits, replies)
+
+    def take_commits(self) -> tuple[list[Commit], list[Any], list[tuple[Any, ...]]]:
+        """The queued commits, as scripts to send ahead of the next read: (commits,
+        chunks, commands); ``book_commits`` them after, or ``requeue_commits``."""
+        commits, self.commits = self.commits, []
+        if not commits:
+            return [], [], []
+        assert self.idempotence is not None and self.token is not None
+        chunks, commands = self._io.commit_commands(commits, self.token, self.idempotence)
+        return commits, chunks, commands
+
+    def requeue_commits(self, commits: list[Commit]) -> None:
+        """Commits whose fate is unknown go out again: one that ran answers 0
+        the second time (its marker exists), nothing is applied twice."""
+        if commits and not self.dropped:
+            self.commits[:0] = commits
+
+    def book_ridden(self, commits: list[Commit], chunks: list[Any], replies: list[Any]) -> None:
+        """Book commits that rode along with a read; those that met a lost
+        script cache (``NOSCRIPT``: nothing ran) are queued again."""
+        again = [
+            c for chunk, r in zip(chunks, replies, strict=True) if is_noscript(r) for c in chunk
+        ]
+        if again:
+            self.requeue_commits(again)
+            self.script_lost = True
+        kept = [(chunk, r) for chunk, r in zip(chunks, replies, strict=True) if not is_noscript(r)]
+        if kept:
+            done = [c for chunk, _ in kept for c in chunk]
+            self.book_commits(
+                done, self._io.commit_replies([c for c, _ in kept], [r for _, r in kept])
+            )
+
+    def book_commits(self, commits: list[Commit], replies: list[Any]) -> None:
+        """Count and book the replies of ``commits`` (one per commit)."""
+        io = self._io
         done: list[bytes] = []
         for commit, reply in zip(commits, replies, strict=True):
             if isinstance(reply, BaseException):

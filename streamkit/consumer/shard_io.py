@@ -214,28 +214,19 @@ class ShardIO:
                 args += [command, index[key], len(effect_args), *effect_args]
         return COMMIT.command(keys, args)
 
-    async def commit(
+    def commit_commands(
         self, commits: Sequence[Commit], token: bytes, idempotence: Idempotence
-    ) -> list[Any]:
-        """Commit ``commits``, in one round trip (a script per ``_COMMITS_PER_SCRIPT``).
-
-        One reply per commit: 1 (committed), 0 (its marker existed: acked,
-        effects skipped) or a ``ResponseError`` (``is_fenced``, or an effect
-        refused: nothing of that commit was written).  A lost script cache
-        (restart, failover) is loaded and the scripts that met it sent again.
-        """
+    ) -> tuple[list[Sequence[Commit]], list[tuple[Any, ...]]]:
+        """The scripts for ``commits`` (one per ``_COMMITS_PER_SCRIPT``): (chunks, commands)."""
         chunks = [
             commits[lo : lo + _COMMITS_PER_SCRIPT]
             for lo in range(0, len(commits), _COMMITS_PER_SCRIPT)
         ]
-        commands = [self.commit_command(chunk, token, idempotence) for chunk in chunks]
-        replies = await send_commands(self.redis, commands)
-        again = [i for i, reply in enumerate(replies) if is_noscript(reply)]
-        if again:
-            await self.redis.script_load(COMMIT.source)
-            retried = await send_commands(self.redis, [commands[i] for i in again])
-            for i, reply in zip(again, retried, strict=True):
-                replies[i] = reply
+        return chunks, [self.commit_command(chunk, token, idempotence) for chunk in chunks]
+
+    @staticmethod
+    def commit_replies(chunks: Sequence[Sequence[Commit]], replies: Sequence[Any]) -> list[Any]:
+        """One reply per commit out of one per script (see :meth:`commit`)."""
         out: list[Any] = []
         for chunk, reply in zip(chunks, replies, strict=True):
             if isinstance(reply, BaseException):
@@ -249,13 +240,40 @@ class ShardIO:
                 ]
         return out
 
+    async def commit(
+        self, commits: Sequence[Commit], token: bytes, idempotence: Idempotence
+    ) -> list[Any]:
+        """Commit ``commits``, in one round trip (a script per ``_COMMITS_PER_SCRIPT``).
+
+        One reply per commit: 1 (committed), 0 (its marker existed: acked,
+        effects skipped) or a ``ResponseError`` (``is_fenced``, or an effect
+        refused: nothing of that commit was written).  A lost script cache
+        (restart, failover) is loaded and the scripts that met it sent again.
+        """
+        chunks, commands = self.commit_commands(commits, token, idempotence)
+        replies = await send_commands(self.redis, commands)
+        again = [i for i, reply in enumerate(replies) if is_noscript(reply)]
+        if again:
+            await self.redis.script_load(COMMIT.source)
+            retried = await send_commands(self.redis, [commands[i] for i in again])
+            for i, reply in zip(again, retried, strict=True):
+                replies[i] = reply
+        return self.commit_replies(chunks, replies)
+
     # -- reads -------------------------------------------------------------------
 
     async def read(
-        self, count: int, block_ms: int | None, acks: Sequence[bytes]
+        self,
+        count: int,
+        block_ms: int | None,
+        acks: Sequence[bytes],
+        ahead: Sequence[tuple[Any, ...]] = (),
+        ahead_replies: list[Any] | None = None,
     ) -> tuple[Any, list[Entry] | Exception]:
         """``XREADGROUP`` of up to ``count`` new entries, after an ``XACK`` of
-        ``acks`` in the same round trip.
+        ``acks`` in the same round trip (and before it the commands ``ahead``:
+        an idempotent listener's commit scripts, whose replies go to
+        ``ahead_replies``).
 
         Returns the ``XACK``'s reply (None without acks; an exception if it
         failed) and the entries, or the read's error reply.  A failed round
@@ -264,11 +282,14 @@ class ShardIO:
         read = xreadgroup_command(
             self.consumer_group, self.member_id, self.stream_key, count, block_ms
         )
+        ahead = list(ahead)
         if acks:
-            ack = ("XACK", self.stream_key, self.consumer_group, *acks)
-            ack_reply, reply = await send_commands(self.redis, [ack, read])
-        else:
-            ack_reply, reply = None, (await send_commands(self.redis, [read]))[0]
+            ahead.append(("XACK", self.stream_key, self.consumer_group, *acks))
+        replies = await send_commands(self.redis, [*ahead, read])
+        reply = replies[-1]
+        ack_reply = replies[-2] if acks else None
+        if ahead_replies is not None:
+            ahead_replies[:] = replies[: len(ahead) - (1 if acks else 0)]
         if isinstance(reply, Exception):
             return ack_reply, reply
         # send_commands hands back what Redis sent on a standalone server and

@@ -352,15 +352,18 @@ class ShardReader:
                 block_ms = max(
                     _MIN_BLOCK_MS, min(block_ms, self._retries.until_due_ms(monotonic_ms()))
                 )
-        if self._acks.rare:
-            await self._acks.flush()  # rare: deletes and dead letters keep their own round trip
-        # The acks of the last batch go out in the same round trip as this
-        # read (one pipeline, one key: one node in a cluster too), ahead of it.
+        if self._acks.rare or (block_ms is not None and self._acks.commits):
+            await self._acks.flush()  # rare paths; commits before a read that may block
+        # The acks (and commit scripts, before a read that cannot block) of the last batch
+        # go out in the same round trip as this read (one pipeline, one key), ahead of it.
         acks = self._acks.take()
+        commits, chunks, ahead = self._acks.take_commits() if block_ms is None else ([], [], [])
         entries: list[Entry] | Exception = []
+        ahead_replies: list[Any] = []
         try:
             with self._observed_read() as tally:
-                read = self._within_lease(self._io.read(count, block_ms, acks))
+                sent = self._io.read(count, block_ms, acks, ahead, ahead_replies)
+                read = self._within_lease(sent)
                 reply = await (read if block_ms is None else self.interruptibly(read))
                 if reply is None:  # halted while blocking: the XACK's fate is unknown
                     self._acks.requeue(acks)
@@ -370,6 +373,8 @@ class ShardReader:
                     if acks:
                         self._acks.book(acks, ack_reply)
                         acks = []  # booked or queued again
+                    self._acks.book_ridden(commits, chunks, ahead_replies)
+                    commits = []
                     if isinstance(entries, Exception):
                         raise entries
                     tally.count = len(entries)
@@ -379,6 +384,7 @@ class ShardReader:
             # with the next read or the final flush, before the shard is
             # reported revoked or drained.
             self._acks.requeue(acks)
+            self._acks.requeue_commits(commits)
             raise
         assert not isinstance(entries, Exception)
         self._acks.pending_count += tally.count

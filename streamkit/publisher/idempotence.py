@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import itertools
 import secrets
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from redis.exceptions import ResponseError
 
 from streamkit.connections import AsyncRedis
-from streamkit.scripts import IDEMPOTENT_XADD, slot_key
+from streamkit.scripts import IDEMPOTENT_XADD, IDEMPOTENT_XADD_MANY, slot_key
 
 __all__ = [
     "IDEMPOTENCY_FIELD",
@@ -99,6 +100,66 @@ class PublishIdempotence:
                 *args,
             ),
         )
+
+    def command_many(
+        self, stream_key: str, maxlen: int | None, batch: Sequence[tuple[str, list[Any]]]
+    ) -> tuple[Any, ...]:
+        """The check-and-append of many entries of one shard (``batch``: (id,
+        fields) each), one script call; not for ``native`` (``XADD IDMP``)."""
+        args: list[Any] = [int(self.window * 1000), self.max_ids, "" if maxlen is None else maxlen]
+        args.append(len(batch))
+        for idem_id, fields in batch:
+            args.append(idem_id)
+            args.append(len(fields))
+            args += fields
+        return IDEMPOTENT_XADD_MANY.command(
+            (stream_key, slot_key(stream_key, "idem"), slot_key(stream_key, "idem:order")), args
+        )
+
+
+async def send_merged(
+    send_many: Callable[[Sequence[tuple[Any, ...]]], Awaitable[list[Any]]],
+    commands: Sequence[tuple[Any, ...]],
+) -> list[Any]:
+    """``send_many(commands)``, the one-entry check-and-appends among them
+    merged into one batched script per shard (``IDEMPOTENT_XADD_MANY``).
+
+    For the coalescer: concurrent ``publish()`` calls are a pipeline of
+    one-entry scripts; merged, Redis runs one script per shard instead of
+    one per entry.  The same calls in the same order per shard, so the same
+    outcome; each command still gets its own reply (or error)."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for n, command in enumerate(commands):
+        if command[0] == "EVALSHA" and command[1] == IDEMPOTENT_XADD.sha:
+            # KEYS (3), then window, max ids, maxlen: one batch per shard and settings.
+            groups.setdefault((*command[3:6], *command[7:10]), []).append(n)
+    merged = [indexes for indexes in groups.values() if len(indexes) > 1]
+    if not merged:
+        return await send_many(commands)
+    taken = {n for indexes in merged for n in indexes}
+    sends: list[tuple[Any, ...]] = [c for n, c in enumerate(commands) if n not in taken]
+    for indexes in merged:
+        first = commands[indexes[0]]
+        args: list[Any] = [*first[7:10], len(indexes)]
+        for n in indexes:
+            args.append(commands[n][6])  # the id
+            fields = commands[n][10:]
+            args.append(len(fields))
+            args += fields
+        sends.append(IDEMPOTENT_XADD_MANY.command(first[3:6], args))
+    replies = await send_many(sends)
+    out: list[Any] = [None] * len(commands)
+    alone = [n for n in range(len(commands)) if n not in taken]
+    for n, reply in zip(alone, replies[: len(alone)], strict=True):
+        out[n] = reply
+    for indexes, reply in zip(merged, replies[len(alone) :], strict=True):
+        if isinstance(reply, BaseException):
+            for n in indexes:
+                out[n] = reply
+        else:
+            for n, one in zip(indexes, reply, strict=True):
+                out[n] = one
+    return out
 
 
 def appended(reply: Any) -> tuple[Any, bool] | None:

@@ -48,6 +48,7 @@ from streamkit.publisher.errors import (
 from streamkit.publisher.idempotence import (
     IDEMPOTENCY_FIELD,
     PublishIdempotence,
+    send_merged,
     supports_idmp,
 )
 from streamkit.publisher.router import Router, RoutingSnapshot
@@ -169,7 +170,8 @@ class Publisher(PublisherViews):
         self._coalescer: CommandCoalescer | None = (
             CommandCoalescer(
                 functools.partial(send_command, self._redis),
-                functools.partial(send_commands, self._redis),
+                # Concurrent idempotent publishes: one batched script per shard.
+                functools.partial(send_merged, functools.partial(send_commands, self._redis)),
                 window=coalesce_window,
                 max_batch=self.max_batch,
             )
