@@ -86,8 +86,13 @@ async def test_a_4mb_request_id_leaves_redis_memory_alone(
         await r.aclose()
 
 
+# The heartbeat too: it once entered the app below the request-id middleware.
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/monitoring/groups"), ("POST", "/streams/s/groups/g/members/m/heartbeat")],
+)
 async def test_request_ids_are_kept_only_in_a_safe_shape(
-    guarded: CoordinatorProcess, redis_server: RedisServer
+    guarded: CoordinatorProcess, redis_server: RedisServer, method: str, path: str
 ) -> None:
     r = aioredis.from_url(redis_server.url)
     try:
@@ -96,8 +101,9 @@ async def test_request_ids_are_kept_only_in_a_safe_shape(
         async with httpx.AsyncClient(base_url=guarded.url, timeout=10) as http:
             for rid in ids:
                 # Unauthenticated: refused (401) and so audited.
-                answer = await http.get(
-                    f"{API}/monitoring/groups",
+                answer = await http.request(
+                    method,
+                    f"{API}{path}",
                     headers={"X-Request-Id": rid.encode()},  # bytes go out as they are
                 )
                 assert answer.status_code == 401
