@@ -17,9 +17,10 @@ for it yet, so the answer is the route's own.  Errors past that point (a
 rate limit, a refusal of the core, Redis down) are rendered by the app's
 exception handlers, the ones the route would have used.
 
-It sits inside the request-metrics, audit and body-limit middlewares, so
-heartbeats are timed, refusals audited and bodies capped as before.  And
-heartbeats enter the app *at* those middlewares (``CoordinatorApp``): FastAPI's
+It sits inside the request-id, request-metrics, audit and body-limit
+middlewares, so heartbeats' X-Request-Ids are checked, heartbeats timed,
+refusals audited and bodies capped as before.  And heartbeats enter the app
+*at* those middlewares (``CoordinatorApp``): FastAPI's
 and Starlette's own outer layers (the app call, the server-error, telemetry
 and body-limit middlewares) would each wrap every heartbeat and its two
 ``send`` calls again, for nothing a heartbeat needs except the 500 of an
@@ -50,7 +51,7 @@ from streamkit_server.api.deps import (
     verified_principal,
 )
 from streamkit_server.api.errors import is_json
-from streamkit_server.api.performance import RequestMetricsMiddleware
+from streamkit_server.api.guards import RequestIdMiddleware
 from streamkit_server.auth.access import required_role
 from streamkit_server.auth.security import AuthError, Principal
 from streamkit_server.errors import Rejected
@@ -101,7 +102,9 @@ class CoordinatorApp(FastAPI):
             return None
         node: Any = stack.app
         for _ in range(16):  # the built stack is a short chain of ``.app``
-            if isinstance(node, RequestMetricsMiddleware):
+            # The outermost coordinator middleware: heartbeats pass every one
+            # of them (the request-id guard first), only Starlette's are skipped.
+            if isinstance(node, RequestIdMiddleware):
                 return ServerErrorMiddleware(node, handler=stack.handler, debug=stack.debug)
             node = getattr(node, "app", None)
         return None

@@ -27,6 +27,7 @@ from streamkit.protocol import API_PREFIX
 from streamkit.testing import RedisServer, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit_server.api import create_app
+from streamkit_server.api.guards import RequestIdMiddleware
 from streamkit_server.api.heartbeat_path import CoordinatorApp
 from streamkit_server.api.members import OPERATION_ID
 from streamkit_server.api.performance import RequestMetricsMiddleware
@@ -248,8 +249,9 @@ def test_invalid_bearer_heartbeats_get_the_routes_answer(served: Served) -> None
 async def test_heartbeats_enter_at_the_coordinator_middlewares(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """In process: the app's heartbeat entry starts at the request metrics, so a
-    heartbeat is still timed and a refused one still audited."""
+    """In process: the app's heartbeat entry starts at the request-id guard,
+    then the request metrics, so a heartbeat's X-Request-Id is still checked,
+    it is still timed and a refused one still audited."""
     # A Redis of its own: the session's runs coordinators with other timings.
     with RedisServer() as redis:
         await _through_the_entry(redis.url, caplog)
@@ -275,7 +277,8 @@ async def _through_the_entry(redis_url: str, caplog: pytest.LogCaptureFixture) -
             # The entry is in use, and it is the coordinator's outermost middleware.
             entry = app._heartbeats
             assert isinstance(entry, ServerErrorMiddleware)
-            assert isinstance(entry.app, RequestMetricsMiddleware)
+            assert isinstance(entry.app, RequestIdMiddleware)
+            assert isinstance(entry.app.app, RequestMetricsMiddleware)
             with caplog.at_level(logging.INFO, logger="streamkit_server.audit"):
                 refused = await http.post(
                     path, json=_body("m0", 0, []), headers={"authorization": "Bearer nope"}
