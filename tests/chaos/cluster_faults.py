@@ -135,6 +135,13 @@ class ClusterChaos(Chaos):
         fresh = len(gone & self._published_between(since, t))
         self.note(f"{kind}: {fresh} published entries were not replicated")
 
+    def _replica_of(self, primary: RedisServer) -> RedisServer:
+        """The replica of ``primary`` (one each), the node a failover promotes."""
+        me = _text(_call(primary, "CLUSTER", "MYID"))
+        lines = _call(primary, "CLUSTER", "REPLICAS", me)
+        port = int(_text(lines[0]).split()[1].split("@")[0].rsplit(":", 1)[1])  # type: ignore[index]
+        return self.ctop.node_by_port(port)
+
     async def _wait_role(self, node: RedisServer, role: str, within: float = 20.0) -> None:
         cluster = self.ctop.redis_cluster
         deadline = time.monotonic() + within
@@ -151,9 +158,11 @@ class ClusterChaos(Chaos):
         async with self.redis_lock:
             cluster = self.ctop.redis_cluster
             victim = self.rng.choice(await asyncio.to_thread(cluster.current_primaries))
+            heir = await asyncio.to_thread(self._replica_of, victim)
             await asyncio.to_thread(victim.kill)
             self.note(f"SIGKILL primary {victim.port}")
-            await asyncio.sleep(0.5)
+            # cluster_state stays "ok" until the others notice: wait for the promotion.
+            await self._wait_role(heir, "master")
             await self._await_healthy()
             await self._count_losses("cluster-kill")
             await asyncio.to_thread(victim.restart)
@@ -193,12 +202,14 @@ class ClusterChaos(Chaos):
             cluster = self.ctop.redis_cluster
             victim = self.rng.choice([n for n in cluster.nodes if n.is_running()])
             was = await asyncio.to_thread(cluster.role, victim)
+            heir = await asyncio.to_thread(self._replica_of, victim) if was == "master" else None
             pause = NODE_TIMEOUT_MS / 1000 + self.rng.uniform(1.0, 2.5)
             self.paused.add(victim.port)
             victim._signal(signal.SIGSTOP)
             self.note(f"SIGSTOP {was} {victim.port} for {pause:.1f}s")
             await asyncio.sleep(pause)
-            if was == "master":
+            if heir is not None:
+                await self._wait_role(heir, "master")
                 await self._await_healthy()
                 await self._count_losses("cluster-pause")
             victim._signal(signal.SIGCONT)
