@@ -39,6 +39,7 @@ async def test_sixty_seconds_of_every_fault(tmp_path: Path) -> None:
     _check(result)
 
 
+@pytest.mark.cluster
 async def test_sixty_seconds_on_a_cluster(tmp_path: Path) -> None:
     """Redis Cluster (3 primaries, a replica each): every cluster fault (primary
     SIGKILL, CLUSTER FAILOVER, slot migration of a shard and of the metadata,
