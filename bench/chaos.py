@@ -2,6 +2,7 @@
 
 Run: python bench/chaos.py                       (three seeds, 10 minutes each)
      python bench/chaos.py --seeds 7 --minutes 1  (one short run)
+     python bench/chaos.py --cluster              (on a Redis Cluster, its own faults)
 
 Each run starts, on loopback, a Redis primary with an asynchronous replica,
 coordinator processes behind a load-balancing proxy, ``streamkit run``
@@ -35,12 +36,21 @@ async def main() -> int:
         action="store_true",
         help="idempotent publishes and listener; fails on any duplicate effect",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="on a Redis Cluster (3 primaries, 1 replica each) with its faults",
+    )
     args = parser.parse_args()
     rows, failed = [], False
     for seed in (int(s) for s in args.seeds.split(",")):
         workdir = args.workdir / f"seed-{seed}" if args.workdir else None
         result = await run(
-            seed=seed, duration=args.minutes * 60, workdir=workdir, idempotent=args.idempotent
+            seed=seed,
+            duration=args.minutes * 60,
+            workdir=workdir,
+            idempotent=args.idempotent,
+            cluster=args.cluster,
         )
         rows.append(result.row())
         print(result.details(), flush=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 import redis.asyncio
@@ -123,3 +125,23 @@ def test_stop_removes_process_and_directory() -> None:
     assert server.pid is None
     assert not directory.exists()
     server.stop()  # idempotent
+
+
+def test_cluster_with_a_replica_per_primary_fails_over() -> None:
+    """``replicas=1``: six nodes, three of them replicas; a replica that takes
+    over (``CLUSTER FAILOVER``) becomes a primary and ``flushall`` follows it."""
+    with RedisCluster(primaries=3, replicas=1, node_timeout_ms=1000) as cluster:
+        assert len(cluster.nodes) == 6
+        primaries = cluster.current_primaries()
+        assert len(primaries) == 3
+        replica = next(n for n in cluster.nodes if n not in primaries)
+        assert cluster.role(replica) == "slave"
+        with replica.client() as conn:
+            conn.execute_command("CLUSTER", "FAILOVER")
+        for _ in range(200):
+            if cluster.role(replica) == "master":
+                break
+            time.sleep(0.05)
+        assert replica in cluster.current_primaries()
+        assert len(cluster.current_primaries()) == 3
+        cluster.flushall()  # a replica would answer READONLY

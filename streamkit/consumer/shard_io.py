@@ -121,6 +121,12 @@ async def supports_xackdel(redis: AsyncRedis) -> bool:
         if "unknown command" in str(exc).lower():
             return False
         raise
+    except RedisError as exc:
+        # A cluster client routes by redis-py's copy of the server's command
+        # table and refuses, before sending, a command the servers lack.
+        if "doesn't exist in redis commands" in str(exc).lower():
+            return False
+        raise
     return True
 
 

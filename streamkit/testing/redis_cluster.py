@@ -1,7 +1,8 @@
 """A private Redis Cluster on loopback: ``RedisCluster``, of ``RedisServer`` nodes.
 
 Three primaries and no replicas by default (``redis-cli --cluster create``
-refuses fewer primaries); ``start()`` returns once every node sees every other
+refuses fewer primaries; ``replicas=1`` adds one replica per primary, which
+the cluster promotes when its primary fails); ``start()`` returns once every node sees every other
 node and all 16,384 slots are served, so a client bootstrapping from any node
 gets the whole slot map.
 """
@@ -35,7 +36,7 @@ def _info_dict(raw: object) -> dict[str, str]:
 
 
 class RedisCluster(Launched):
-    """A Redis Cluster of ``primaries`` primaries and no replicas on loopback.
+    """A Redis Cluster of ``primaries`` primaries, each with ``replicas`` replicas, on loopback.
 
     Construction does not start anything; call :meth:`start` or use it as a
     context manager.
@@ -45,6 +46,8 @@ class RedisCluster(Launched):
         self,
         primaries: int = 3,
         *,
+        replicas: int = 0,
+        extra_args: tuple[str, ...] = (),
         node_timeout_ms: int = 5000,
         startup_timeout: float = 60.0,
         executable: str | None = None,
@@ -56,14 +59,17 @@ class RedisCluster(Launched):
             raise ValueError("a Redis Cluster needs at least 3 primaries")
         self._redis_cli = which("redis-cli", redis_cli)
         self._startup_timeout = startup_timeout
+        self.primaries = primaries
+        self.replicas = replicas
         self.nodes: list[RedisServer] = [
             RedisServer(
                 cluster_enabled=True,
                 cluster_node_timeout_ms=node_timeout_ms,
                 executable=executable,
+                extra_args=extra_args,
                 die_with_parent=die_with_parent,
             )
-            for _ in range(primaries)
+            for _ in range(primaries * (1 + replicas))
         ]
 
     @property
@@ -96,9 +102,20 @@ class RedisCluster(Launched):
             node.stop()
 
     def flushall(self) -> None:
-        """FLUSHALL every primary (all nodes are primaries here)."""
-        for node in self.nodes:
+        """FLUSHALL every primary (a replica refuses writes and follows its primary)."""
+        for node in self.current_primaries():
             node.flushall()
+
+    def role(self, node: RedisServer) -> str:
+        """``master`` or ``slave``, as the node itself says now (failovers change it)."""
+        with node.client() as conn:
+            reply = conn.execute_command("ROLE")
+        role = reply[0]
+        return role.decode() if isinstance(role, bytes) else str(role)
+
+    def current_primaries(self) -> list[RedisServer]:
+        """The running nodes that are primaries now."""
+        return [n for n in self.nodes if n.is_running() and self.role(n) == "master"]
 
     def cluster_info(self, node: RedisServer) -> dict[str, str]:
         with node.client() as conn:
@@ -109,7 +126,7 @@ class RedisCluster(Launched):
             self._redis_cli,
             "--cluster", "create",
             *(f"{HOST}:{node.port}" for node in self.nodes),
-            "--cluster-replicas", "0",
+            "--cluster-replicas", str(self.replicas),
             "--cluster-yes",
         ]  # fmt: skip
         try:
@@ -142,7 +159,7 @@ class RedisCluster(Launched):
             # serving slots, or a client bootstrapping from it gets a partial
             # slot map.
             "cluster_known_nodes": str(len(self.nodes)),
-            "cluster_size": str(len(self.nodes)),
+            "cluster_size": str(self.primaries),
         }
         deadline = time.monotonic() + self._startup_timeout
         last: dict[int, dict[str, str]] = {}

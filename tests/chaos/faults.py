@@ -30,19 +30,24 @@ MAX_CONSUMERS = 4
 
 
 def schedule(
-    rng: random.Random, start: float, end: float, *, repeat: bool = True
+    rng: random.Random,
+    start: float,
+    end: float,
+    *,
+    repeat: bool = True,
+    kinds: tuple[str, ...] = KINDS,
 ) -> list[tuple[float, str]]:
     """Every kind once in a random order, 2-4.5 s apart (faults overlap:
     most last longer), then (``repeat``) random kinds 3-8 s apart until ``end``."""
-    kinds = list(KINDS)
-    rng.shuffle(kinds)
+    order = list(kinds)
+    rng.shuffle(order)
     plan: list[tuple[float, str]] = []
     t = start
-    for kind in kinds:
+    for kind in order:
         plan.append((round(t, 2), kind))
         t += rng.uniform(2.0, 4.5)
     while repeat and t < end:
-        plan.append((round(t, 2), rng.choice(KINDS)))
+        plan.append((round(t, 2), rng.choice(kinds)))
         t += rng.uniform(3.0, 8.0)
     return plan
 

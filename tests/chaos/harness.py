@@ -21,7 +21,9 @@ from streamkit.scripts import slot_key
 from streamkit.testing.coordinator import TEST_ADMIN_PASSWORD, TEST_ADMIN_USERNAME
 
 from . import checks
-from .faults import Chaos, schedule
+from .cluster import ClusterTopology
+from .cluster_faults import CLUSTER_KINDS, ClusterChaos
+from .faults import KINDS, Chaos, schedule
 from .topology import Topology, direct
 
 log = logging.getLogger("chaos")
@@ -103,9 +105,11 @@ async def run(
     rate: float = 40.0,
     repeat: bool = True,
     idempotent: bool = False,
+    cluster: bool = False,
 ) -> Result:
     """One run; ``repeat=False`` injects every fault kind exactly once;
-    ``idempotent``: idempotent publishes and listener, effects counted."""
+    ``idempotent``: idempotent publishes and listener, effects counted;
+    ``cluster``: on a Redis Cluster, with its faults (cluster_faults.py)."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"streamkit-chaos-{seed}-"))
     workdir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -120,7 +124,7 @@ async def run(
         "SKC_GROUP": group,
         "SKC_IDEMPOTENT": "1" if idempotent else "0",
     }
-    top = Topology(
+    top = (ClusterTopology if cluster else Topology)(
         workdir,
         prefix=prefix,
         group=group,
@@ -128,8 +132,9 @@ async def run(
         consumer_env=client_env,
         publisher_env=client_env,
     )
-    chaos = Chaos(top, rng)
-    plan = schedule(rng, WARMUP_S, duration - QUIET_S, repeat=repeat)
+    chaos = (ClusterChaos if cluster else Chaos)(top, rng)
+    kinds = CLUSTER_KINDS if cluster else KINDS
+    plan = schedule(rng, WARMUP_S, duration - QUIET_S, repeat=repeat, kinds=kinds)
     try:
         await top.start_redis()
         await top.start_coordinator()
@@ -170,7 +175,7 @@ async def run(
             workdir,
             chaos.notes,
             chaos.skipped,
-            await _effects(top) if idempotent else None,
+            await _effects(top) if idempotent and not cluster else None,
         )
     finally:
         with contextlib.suppress(Exception):

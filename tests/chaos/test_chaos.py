@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from .cluster_faults import CLUSTER_KINDS
 from .faults import KINDS
 from .harness import HEADER, Result, run
 
@@ -34,6 +35,17 @@ def _check(result: Result) -> None:
 async def test_sixty_seconds_of_every_fault(tmp_path: Path) -> None:
     result = await run(seed=CI_SEED, duration=60.0, workdir=tmp_path, repeat=False)
     assert result.faults == dict.fromkeys(KINDS, 1), result.faults
+    assert not result.skipped, result.notes
+    _check(result)
+
+
+@pytest.mark.cluster
+async def test_sixty_seconds_on_a_cluster(tmp_path: Path) -> None:
+    """Redis Cluster (3 primaries, a replica each): every cluster fault (primary
+    SIGKILL, CLUSTER FAILOVER, slot migration of a shard and of the metadata,
+    node paused past cluster-node-timeout) and every client fault once."""
+    result = await run(seed=CI_SEED, duration=60.0, workdir=tmp_path, repeat=False, cluster=True)
+    assert result.faults == dict.fromkeys(CLUSTER_KINDS, 1), result.faults
     assert not result.skipped, result.notes
     _check(result)
 
@@ -63,7 +75,14 @@ LONG_SEEDS = [int(s) for s in os.environ.get("CHAOS_SEEDS", "1,2,3").split(",")]
 async def test_long_soak(seed: int, tmp_path: Path) -> None:
     minutes = float(os.environ.get("CHAOS_MINUTES", "10"))
     idempotent = os.environ.get("CHAOS_IDEMPOTENT") == "1"
-    result = await run(seed=seed, duration=minutes * 60, workdir=tmp_path, idempotent=idempotent)
+    cluster = os.environ.get("CHAOS_CLUSTER") == "1"
+    result = await run(
+        seed=seed,
+        duration=minutes * 60,
+        workdir=tmp_path,
+        idempotent=idempotent,
+        cluster=cluster,
+    )
     _check(result)
     if idempotent:
         _check_idempotent(result)

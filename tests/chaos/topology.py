@@ -63,6 +63,8 @@ class Topology:
         self.died_ns: dict[int, int] = {}
         self.record_files: list[Path] = []
         self._starts = 0
+        #: Cluster mode (ClusterTopology): clients and coordinators use RedisCluster.
+        self.cluster = False
         self.replica_task: asyncio.Task[None] | None = None
 
     # -- Redis -------------------------------------------------------------------
@@ -115,6 +117,7 @@ class Topology:
     async def start_coordinator(self) -> CoordinatorProcess:
         proc = CoordinatorProcess(
             self.redis_url,
+            cluster=self.cluster,
             heartbeat_interval_ms=HEARTBEAT_MS,
             member_lease_ttl_ms=MEMBER_LEASE_MS,
             rebalance_timeout_ms=REBALANCE_TIMEOUT_MS,

@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from streamkit.connections import connect_redis, send_command
-from streamkit.consumer.shard_io import ShardIO, read_entries, xreadgroup_command
+from streamkit.consumer.shard_io import (
+    ShardIO,
+    read_entries,
+    supports_xackdel,
+    xreadgroup_command,
+)
 from streamkit.testing import RedisServer, RedisTarget
 
 
@@ -99,3 +104,19 @@ async def test_settle_acks_deletes_and_dead_letters_together(any_redis: RedisTar
         assert (await redis.xpending(io.stream_key, "g"))["pending"] == 0
     finally:
         await redis.aclose()
+
+
+async def test_the_xackdel_probe_answers_on_a_cluster(
+    any_redis: RedisTarget, redis_url: str
+) -> None:
+    """On a cluster, redis-py refuses a command its copy of the servers'
+    command table lacks before sending it; the probe must read that as "no
+    XACKDEL" (as a standalone server's "unknown command"), not fail and warn."""
+    reference = connect_redis(redis_url)
+    client = connect_redis(any_redis.url, cluster=any_redis.cluster)
+    try:
+        await client.ping()  # a client in use (it has loaded the command table)
+        assert await supports_xackdel(client) == await supports_xackdel(reference)
+    finally:
+        await client.aclose()
+        await reference.aclose()
