@@ -46,6 +46,7 @@ SIMULATION_TESTS = (
     f"{PINNED}::test_a_restore_from_before_a_handoff_starts_nothing_new",
     f"{PINNED}::test_a_report_from_a_lost_history_releases_no_shard_still_drained",
     f"{PINNED}::test_a_round_waits_for_the_drain_of_a_grant_redis_forgot",
+    f"{PINNED}::test_a_full_record_cap_never_drops_a_fenced_member_that_still_reads",
     f"{SIMULATION}::test_fixed_schedules",
     f"{SIMULATION}::test_fresh_schedules",
 )

@@ -138,8 +138,10 @@ def test_cluster_with_a_replica_per_primary_fails_over() -> None:
         assert cluster.role(replica) == "slave"
         with replica.client() as conn:
             conn.execute_command("CLUSTER", "FAILOVER")
+        # The old primary learns it was demoted a moment after the replica
+        # took over: wait for both.
         for _ in range(200):
-            if cluster.role(replica) == "master":
+            if cluster.role(replica) == "master" and len(cluster.current_primaries()) == 3:
                 break
             time.sleep(0.05)
         assert replica in cluster.current_primaries()

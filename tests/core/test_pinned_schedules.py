@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 
 from streamkit.consumer.member import MemberStateMachine
-from streamkit.protocol import HeartbeatRequest
+from streamkit.protocol import HeartbeatRequest, MemberState
 from streamkit_server.core import GroupMetadata
+from streamkit_server.core.limits import RECORDS_PER_MEMBER_SLOT
 
 from .sim_machine import ProtocolSimulation
-from .sim_world import SHARDS, answered
+from .sim_world import CONFIG, SHARDS, answered
 
 
 def _grant_lost_then_other_process_serves(*, failover: bool) -> None:
@@ -296,3 +297,34 @@ def test_a_round_waits_for_the_drain_of_a_grant_redis_forgot() -> None:
         for member in (m1, m0, m2):
             cast.beat(member)
     assert not m2.reading & m1.draining
+
+
+def test_a_full_record_cap_never_drops_a_fenced_member_that_still_reads() -> None:
+    """m0 reads every shard; m1 joins and m0 must give two up, but its
+    handlers hang, so the rebalance timeout fences it.  The tick that fences
+    it comes before m0 hears of it: Redis has m0 departed, holding its shards
+    for one more lease, while m0 still drains them.  Then a wave of
+    short-lived processes takes the group past the departed records it keeps.
+    No join may drop m0's record: its shards would be free, and m1 would be
+    granted what m0 still drains.
+    """
+    cast = Scripted()
+    m0 = cast.start("m0")
+    cast.beat(m0)
+    assert m0.reading == {0, 1, 2, 3}
+    cast.hung.add("m0")
+    m1 = cast.start("m1")
+    for _ in range(40):
+        cast.sim.now += 80
+        cast.c0.tick(cast.sim.now)
+        if cast.stored.members["m0"].state is MemberState.FENCED:
+            break
+        cast.beat(m1)
+        cast.beat(m0)
+    else:
+        raise AssertionError("m0 was never fenced")
+    assert cast.stored.shards_held_by("m0") and cast.sim.members["m0"].holding(cast.sim.now)
+    cap = RECORDS_PER_MEMBER_SLOT * CONFIG.max_members_per_group
+    cast.sim._short_lived(cap - len(cast.stored.members) + 2, set(), False, 0)
+    cast.beat(m1)  # granted nothing m0 still drains (checked by every beat)
+    assert "m0" in cast.stored.members
