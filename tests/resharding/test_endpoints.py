@@ -253,9 +253,8 @@ async def test_scale_to_zero_routes_nothing_and_drains_everything(
 
 
 async def test_rollback_while_allowed_and_refused_once_a_shard_is_retired(
-    roomy_admin: Admin, http: httpx.AsyncClient, r: AsyncRedisClient, prefix: str
+    admin: Admin, http: httpx.AsyncClient, r: AsyncRedisClient, prefix: str
 ) -> None:
-    admin = roomy_admin
     await admin.create_group(prefix, "g1", 4)
     await admin.create_group(prefix, "g2")
     members = [
@@ -291,14 +290,14 @@ async def test_rollback_while_allowed_and_refused_once_a_shard_is_retired(
         async def shard_2_retired() -> bool:
             return await r.exists(f"{prefix}:2") == 0
 
-        await eventually(shard_2_retired, 20, "shard 2 retired")
+        await eventually(shard_2_retired, 10, "shard 2 retired")
         refused = await admin.rollback(prefix, "g2", rid)
         assert refused.status_code == 422, refused.text
         assert refused.json()["errorCode"] == "ROLLBACK_NOT_ALLOWED"
         assert "retired" in refused.json()["message"]
         for member in members:
             member.skip.clear()
-        await admin.wait_state(prefix, ["g1", "g2"], rid, "DEPRECATED", within=20)
+        await admin.wait_state(prefix, ["g1", "g2"], rid, "DEPRECATED", within=10)
         done = await admin.rollback(prefix, "g1", rid)
         assert done.status_code == 422
         stop.set()

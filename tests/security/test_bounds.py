@@ -27,9 +27,17 @@ AUDIT = "audit:bounds"
 
 
 @pytest.fixture(scope="module")
-def guarded(redis_server: RedisServer) -> Iterator[CoordinatorProcess]:
+def bounds_redis() -> Iterator[RedisServer]:
+    """A Redis of this module's own: its coordinator runs production timings,
+    which may not join the shared Redis's coordinators (other timings)."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def guarded(bounds_redis: RedisServer) -> Iterator[CoordinatorProcess]:
     proc = CoordinatorProcess(
-        redis_server.url,
+        bounds_redis.url,
         env={
             "STREAMKIT_SERVER_AUDIT_STREAM": AUDIT,
             "STREAMKIT_SERVER_HEADER_TIMEOUT_MS": "1000",
@@ -59,9 +67,9 @@ async def _settled(r: aioredis.Redis, count: int) -> list[dict[str, Any]]:
 
 
 async def test_a_4mb_request_id_leaves_redis_memory_alone(
-    guarded: CoordinatorProcess, redis_server: RedisServer
+    guarded: CoordinatorProcess, bounds_redis: RedisServer
 ) -> None:
-    r = aioredis.from_url(redis_server.url)
+    r = aioredis.from_url(bounds_redis.url)
     try:
         await r.delete(AUDIT)
         before = (await r.info("memory"))["used_memory"]
@@ -92,9 +100,9 @@ async def test_a_4mb_request_id_leaves_redis_memory_alone(
     [("GET", "/monitoring/groups"), ("POST", "/streams/s/groups/g/members/m/heartbeat")],
 )
 async def test_request_ids_are_kept_only_in_a_safe_shape(
-    guarded: CoordinatorProcess, redis_server: RedisServer, method: str, path: str
+    guarded: CoordinatorProcess, bounds_redis: RedisServer, method: str, path: str
 ) -> None:
-    r = aioredis.from_url(redis_server.url)
+    r = aioredis.from_url(bounds_redis.url)
     try:
         await r.delete(AUDIT)
         ids = ["ok-1.2:3_x", "<script>", "y" * 129, "z" * 10_000, "a b", "é"]
@@ -117,9 +125,9 @@ async def test_request_ids_are_kept_only_in_a_safe_shape(
 
 
 async def test_every_audit_record_is_size_bounded(
-    guarded: CoordinatorProcess, redis_server: RedisServer
+    guarded: CoordinatorProcess, bounds_redis: RedisServer
 ) -> None:
-    r = aioredis.from_url(redis_server.url)
+    r = aioredis.from_url(bounds_redis.url)
     try:
         await r.delete(AUDIT)
         long_name = "u" * 12_000  # a Basic user name just under the header limit
