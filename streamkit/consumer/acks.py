@@ -219,14 +219,20 @@ class AckQueue:
         )
 
     async def skip_marked(
-        self, entries: list[Entry], within_lease: Callable[[Awaitable[Any]], Awaitable[Any]]
+        self,
+        entries: list[Entry],
+        within_lease: Callable[[Awaitable[Any]], Awaitable[Any]],
+        marks: list[bool] | None = None,
     ) -> list[Entry]:
         """The entries whose idempotency id has no marker; the others are
-        acked (a commit that finds the marker: counted, no effects) unhandled."""
+        acked (a commit that finds the marker: counted, no effects) unhandled.
+
+        ``marks``: what the read already answered (``READ_MARKED``), else
+        the markers are checked here (``ZMSCORE``, one round trip)."""
         assert self.idempotence is not None
         ids = [self.idempotence.id_of(entry_id, fields) for entry_id, fields in entries]
         try:
-            marked = await within_lease(self._io.marked(ids))
+            marked = marks if marks is not None else await within_lease(self._io.marked(ids))
         except (RedisError, OSError, LeaseCut) as exc:
             # The commit checks the marker again: only the handler's run is at stake.
             log.debug(
