@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamkit.protocol import ErrorResponse
+from streamkit_server.api.asgi import HttpMiddleware
 from streamkit_server.auth.ratelimit import RateLimited
 from streamkit_server.auth.security import AuthError
 from streamkit_server.coordination.gate import CoordinatorSuspended, CoordinatorTerminating
@@ -315,7 +316,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected)
 
 
-class BodyLimitMiddleware:
+class BodyLimitMiddleware(HttpMiddleware):
     """Answer 413 (as ErrorResponse) for bodies above ``max_bytes``.
 
     A declared Content-Length is checked before the app runs; a chunked body
@@ -323,13 +324,10 @@ class BodyLimitMiddleware:
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
