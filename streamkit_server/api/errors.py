@@ -8,7 +8,7 @@ size and JSON errors all map to 4xx here.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Final
 
 import redis.asyncio
 from fastapi import FastAPI, HTTPException, Request
@@ -104,6 +104,10 @@ def error_response(
 ) -> JSONResponse:
     body = ErrorResponse(status=str(status_code), error_code=error_code, message=message)
     return JSONResponse(body.to_wire(), status_code=status_code, headers=headers)
+
+
+#: What every operation behind ``AUTHORIZE`` may answer, in the same words.
+CALLER_ERRORS: Final[dict[int, str]] = {401: "Authentication required.", 403: "Role missing."}
 
 
 def documented(texts: dict[int, str]) -> dict[int | str, dict[str, Any]]:

@@ -16,7 +16,6 @@ from streamkit.protocol import (
     SUPPORTED_PROTOCOL_VERSIONS,
     AssignmentsResponse,
     ConsumptionProgressResponse,
-    ErrorResponse,
     GroupListResponse,
     GroupResponse,
     HealthResponse,
@@ -32,7 +31,7 @@ from streamkit.protocol import (
 from streamkit.routing import stream_key
 from streamkit.version import package_version
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
-from streamkit_server.api.errors import is_command_refusal
+from streamkit_server.api.errors import documented, is_command_refusal
 from streamkit_server.auth.security import Principal
 from streamkit_server.coordination import views
 from streamkit_server.coordination.executor import now_ms
@@ -45,9 +44,7 @@ router = APIRouter(prefix=f"{API_PREFIX}/monitoring", tags=["Monitoring"], depen
 
 Keys = Annotated[GroupKeys, Depends(group_keys)]
 _GROUP = "/streams/{streamPrefix}/groups/{consumerGroup}"
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: {"model": ErrorResponse, "description": "Group not found."}
-}
+_NOT_FOUND = documented({404: "Group not found."})
 _CURSOR = re.compile(r"^(\d{1,20})-(\d{1,20})$")
 _UINT64_MAX = 2**64 - 1
 
