@@ -107,40 +107,60 @@ def is_fenced(reply: object) -> bool:
     return isinstance(reply, ResponseError) and FENCED_ERROR in str(reply)
 
 
+# The idempotency record both publish scripts keep (KEYS: stream, dedup hash
+# id -> entry id, dedup order: a sorted set of ids by ms).  ``now`` is the
+# server's clock in ms.  ``forget_expired`` drops expired ids first (at most
+# ``limit`` a call: each call adds few), so a repeat older than the window is
+# appended again, as documented; ``bound`` keeps at most ``max_ids``.
+_IDEMPOTENCE: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function forget_expired(window_ms, limit)
+  local old = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(window_ms),
+                         'LIMIT', 0, limit)
+  if #old > 0 then
+    redis.call('ZREM', KEYS[3], unpack(old))
+    redis.call('HDEL', KEYS[2], unpack(old))
+  end
+end
+local function xadd_head(maxlen)
+  local head = {'XADD', KEYS[1], 'NOMKSTREAM'}
+  if maxlen ~= '' then
+    head[4] = 'MAXLEN'; head[5] = '~'; head[6] = maxlen
+  end
+  head[#head + 1] = '*'
+  return head
+end
+local function remember(idem, id)
+  redis.call('HSET', KEYS[2], idem, id)
+  redis.call('ZADD', KEYS[3], now, idem)
+end
+local function bound(max_ids)
+  local over = redis.call('ZCARD', KEYS[3]) - tonumber(max_ids)
+  if over > 0 then
+    local popped = redis.call('ZPOPMIN', KEYS[3], over)
+    for i = 1, #popped, 2 do redis.call('HDEL', KEYS[2], popped[i]) end
+  end
+end
+"""
+
 # KEYS: stream, dedup hash (id -> entry id), dedup order (sorted set: id by ms)
 # ARGV: id, window ms, max ids, maxlen ('' = none), then field, value, ...
 # Returns {entry id, 0} when appended, {first entry id, 1} for a repeat, nil
 # when the stream does not exist (NOMKSTREAM: the publisher's stale route).
 IDEMPOTENT_XADD: Final = Script(
     "idempotent_xadd",
-    """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Expired ids first (a bounded number per call: each call adds one), so a
--- repeat older than the window is appended again, as documented.
-local old = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[2]),
-                       'LIMIT', 0, 8)
-if #old > 0 then
-  redis.call('ZREM', KEYS[3], unpack(old))
-  redis.call('HDEL', KEYS[2], unpack(old))
-end
+    _IDEMPOTENCE
+    + """
+forget_expired(ARGV[2], 8)
 local first = redis.call('HGET', KEYS[2], ARGV[1])
 if first then return {first, 1} end
-local args = {'XADD', KEYS[1], 'NOMKSTREAM'}
-if ARGV[4] ~= '' then
-  args[4] = 'MAXLEN'; args[5] = '~'; args[6] = ARGV[4]
-end
-args[#args + 1] = '*'
+local args = xadd_head(ARGV[4])
 for i = 5, #ARGV do args[#args + 1] = ARGV[i] end
 local id = redis.call(unpack(args))
 if not id then return nil end
-redis.call('HSET', KEYS[2], ARGV[1], id)
-redis.call('ZADD', KEYS[3], now, ARGV[1])
-local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[3])
-if over > 0 then
-  local popped = redis.call('ZPOPMIN', KEYS[3], over)
-  for i = 1, #popped, 2 do redis.call('HDEL', KEYS[2], popped[i]) end
-end
+remember(ARGV[1], id)
+bound(ARGV[3])
 return {id, 0}
 """,
 )
@@ -156,22 +176,12 @@ return {id, 0}
 # would be; the bound (max ids) is applied once at the end.
 IDEMPOTENT_XADD_MANY: Final = Script(
     "idempotent_xadd_many",
-    """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    _IDEMPOTENCE
+    + """
 local count = tonumber(ARGV[4])
--- Expired ids first, bounded by what this call adds (as the one-entry script).
-local old = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[1]),
-                       'LIMIT', 0, count + 8)
-if #old > 0 then
-  redis.call('ZREM', KEYS[3], unpack(old))
-  redis.call('HDEL', KEYS[2], unpack(old))
-end
-local head = {'XADD', KEYS[1], 'NOMKSTREAM'}
-if ARGV[3] ~= '' then
-  head[4] = 'MAXLEN'; head[5] = '~'; head[6] = ARGV[3]
-end
-head[#head + 1] = '*'
+-- Bounded by what this call adds (as the one-entry script).
+forget_expired(ARGV[1], count + 8)
+local head = xadd_head(ARGV[3])
 local replies, added, i = {}, 0, 5
 for c = 1, count do
   local idem, argc = ARGV[i], tonumber(ARGV[i + 1])
@@ -184,8 +194,7 @@ for c = 1, count do
     for j = 1, argc do args[n + j] = ARGV[i + 1 + j] end
     local id = redis.call(unpack(args))
     if id then
-      redis.call('HSET', KEYS[2], idem, id)
-      redis.call('ZADD', KEYS[3], now, idem)
+      remember(idem, id)
       added = added + 1
       replies[c] = {id, 0}
     else
@@ -194,13 +203,7 @@ for c = 1, count do
   end
   i = i + 2 + argc
 end
-if added > 0 then
-  local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[2])
-  if over > 0 then
-    local popped = redis.call('ZPOPMIN', KEYS[3], over)
-    for k = 1, #popped, 2 do redis.call('HDEL', KEYS[2], popped[k]) end
-  end
-end
+if added > 0 then bound(ARGV[2]) end
 return replies
 """,
 )
