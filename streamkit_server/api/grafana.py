@@ -124,6 +124,11 @@ async def message_rows(
         raise ApiError(400, "INVALID_REQUEST", "shardIndex must be a shard number or ALL")
     rows: list[dict[str, Any]] = []
     for shard in shards:
+        # ALL answers the first ``limit`` rows in shard order: the shards
+        # after those are not read (a 4,096-shard group would otherwise cost
+        # up to 4,096 reads of ``limit`` rows each for one panel refresh).
+        if len(rows) >= limit:
+            break
         page = await monitoring.messages(request, keys, caller, shard, direction, cursor, limit)
         rows.extend(_body(page)["records"])
-    return JSONResponse(rows[:limit] if shard_index == "ALL" else rows)
+    return JSONResponse(rows[:limit])

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis.asyncio as redis_asyncio
 
 from streamkit.testing import RedisTarget
 from streamkit_server.api import create_app
@@ -80,6 +81,16 @@ async def test_grafana_rows_and_options_come_from_the_monitoring_data(
         rows = await get("/assignments", **group)
         assert rows[0]["memberId"] == "m1" and set(rows[0]) >= {"targetShards", "currentShards"}
         assert await get("/messages", **group, shardIndex="ALL") == []
+        redis = redis_asyncio.Redis.from_url(redis_url)
+        for shard, count in ((0, 2), (1, 3)):
+            for n in range(count):
+                await redis.xadd(f"gr:{shard}", {"n": f"{shard}-{n}"})
+        await redis.aclose()
+        # ALL: the first ``limit`` rows in shard order, newest first per shard.
+        every = await get("/messages", **group, shardIndex="ALL", limit="10")
+        assert [r["fields"]["n"] for r in every] == ["0-1", "0-0", "1-2", "1-1", "1-0"]
+        first = await get("/messages", **group, shardIndex="ALL", limit="3")
+        assert [r["fields"]["n"] for r in first] == ["0-1", "0-0", "1-2"]
         # "¹" and "٣" are digits to str.isdigit() but not to int(): found by the fuzzer.
         for shard_index in ("x", "\u00b9", "\u0663", "-1"):
             bad = await http.get(
