@@ -8,6 +8,7 @@ and coordinator faults of ``faults.py``.
   stream, or of the group's metadata, moves to another primary
   (``SETSLOT IMPORTING/MIGRATING``, ``MIGRATE``, ``SETSLOT NODE``) under load.
 * ``cluster-pause``: SIGSTOP of a node for longer than ``cluster-node-timeout``.
+* ``redis-oom``: one primary at ``maxmemory`` for a few seconds (oom.py).
 
 Entries a promoted replica never received are counted as dropped by Redis,
 as after the standalone failover.
@@ -26,6 +27,7 @@ from streamkit.testing import HOST, RedisServer
 from .checks import DataLoss
 from .cluster import NODE_TIMEOUT_MS, ClusterTopology
 from .faults import Chaos
+from .topology import direct
 
 CLUSTER_KINDS = (
     "consumer-kill",
@@ -40,6 +42,7 @@ CLUSTER_KINDS = (
     "cluster-migrate-shard",
     "cluster-migrate-meta",
     "cluster-pause",
+    "redis-oom",
 )
 
 
@@ -215,3 +218,15 @@ class ClusterChaos(Chaos):
             victim._signal(signal.SIGCONT)
             self.paused.discard(victim.port)
             await self._await_healthy()
+
+    async def _redis_oom(self) -> None:
+        async with self.redis_lock:
+            cluster = self.ctop.redis_cluster
+            victim = self.rng.choice(await asyncio.to_thread(cluster.current_primaries))
+            meta_slot = redis_cluster_slot(f"{{{self.top.prefix}:{self.top.group}}}")
+            meta_owner = await asyncio.to_thread(_slot_owner, self.ctop, meta_slot)
+            here = meta_owner.port == victim.port
+            where = "with" if here else "without"
+            self.note(f"OOM on primary {victim.port} ({where} the group's metadata)")
+            async with direct(victim) as conn:
+                await self._squeeze(conn, victim.port, metadata_here=here)
