@@ -3,7 +3,8 @@ adds data.  What each part does then:
 
 * a publisher gets the refusal at once, typed (``OutOfMemoryError``, no
   retries: waiting would not free memory) and nothing is appended twice or
-  silently dropped;
+  silently dropped; an idempotent publish too, and its id stays free for
+  the caller's retry;
 * a consumer keeps handling and acking what was already published (``XACK``
   and reads do not need memory), so it frees memory rather than using it;
 * the coordinator answers ``503 REDIS_OUT_OF_MEMORY`` with ``Retry-After``
@@ -72,6 +73,9 @@ async def test_a_full_redis_refuses_publishes_clearly_and_consumers_drain(
             assert pub.retries == retries  # refused at once, not retried
             with pytest.raises(redis.exceptions.OutOfMemoryError):
                 await pub.publish_many([(f"y{i}", {"i": i}) for i in range(5)])
+            # An idempotent publish too: its script is refused at its first write.
+            with pytest.raises(redis.exceptions.OutOfMemoryError):
+                await pub.publish("z", {"n": "z"}, idempotency_id="full-z")
 
             async with httpx.AsyncClient(
                 base_url=coordinator.url, auth=coordinator.member_auth, timeout=10
@@ -100,6 +104,13 @@ async def test_a_full_redis_refuses_publishes_clearly_and_consumers_drain(
             await r.config_set("maxmemory", "0")
             late = await pub.publish("after", {"n": "after"})
             await eventually(lambda: late.record_id in handled, 15, "handled after recovery")
+            # The refused idempotent publish, sent again, appends once (the
+            # refusal left no dedup record behind that would swallow it).
+            again = await pub.publish("z", {"n": "z"}, idempotency_id="full-z")
+            assert not again.deduplicated
+            twice = await pub.publish("z", {"n": "z"}, idempotency_id="full-z")
+            assert twice.deduplicated and twice.record_id == again.record_id
+            await eventually(lambda: again.record_id in handled, 15, "the idempotent retry handled")
     finally:
         await pub.aclose()
         await r.aclose()
