@@ -24,7 +24,7 @@ import redis.asyncio
 import redis.exceptions
 
 from streamkit import Message, Publisher, StreamKit
-from streamkit.testing import RedisServer, RedisTarget
+from streamkit.testing import RedisCluster, RedisServer, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
 from .support import Admin, eventually, in_process_settings, serving
@@ -117,4 +117,53 @@ async def test_a_full_redis_refuses_publishes_clearly_and_consumers_drain(
 
 
 async def _no_pending(r: Any, shard: int) -> bool:
-    return (await r.xpending(f"{PREFIX}:{shard}", GROUP))["pending"] == 0
+    return bool((await r.xpending(f"{PREFIX}:{shard}", GROUP))["pending"] == 0)
+
+
+async def test_a_coordinator_on_a_full_cluster_answers_with_the_code(
+    redis_cluster: RedisCluster,
+    cluster_url: str,
+    coordinator_factory: Callable[..., CoordinatorProcess],
+) -> None:
+    """On a Redis Cluster the client reaches the full primary through its slot
+    map; the refusal must still come back typed, as 503 REDIS_OUT_OF_MEMORY
+    (not 500), and a write must work again once memory is freed."""
+    coordinator = coordinator_factory(RedisTarget(cluster_url, cluster=True))
+    admin = Admin(coordinator)
+    await admin.create_group(PREFIX, GROUP, 2)
+    primaries = redis_cluster.current_primaries()
+    path = f"/coord/v1/streams/{PREFIX}/groups/{GROUP}/members/m1/heartbeat"
+    join = {
+        "protocolVersion": 1,
+        "requestId": "r",
+        "memberId": "m1",
+        "memberEpoch": 0,
+        "metadataVersion": 0,
+        "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1},
+    }
+    async with httpx.AsyncClient(
+        base_url=coordinator.url, auth=coordinator.member_auth, timeout=10
+    ) as http:
+        try:
+            for node in primaries:  # wherever the group's metadata lives
+                with node.client() as conn:
+                    conn.config_set("maxmemory-policy", "noeviction")
+                    conn.config_set("maxmemory", "1")
+            answer = await http.post(path, json=join)
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["errorCode"] == "REDIS_OUT_OF_MEMORY"
+            assert answer.headers["retry-after"] == "1"
+            created = await admin.request(
+                "POST",
+                f"/streams/{PREFIX}/groups/other",
+                {"initialShardCount": 1, "requestedBy": "t", "reason": "full"},
+            )
+            assert created.status_code == 503, created.text
+            assert created.json()["errorCode"] == "REDIS_OUT_OF_MEMORY"
+        finally:
+            for node in primaries:
+                with node.client() as conn:
+                    conn.config_set("maxmemory", "0")
+        answer = await http.post(path, json=join)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["memberEpoch"] > 0
