@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from streamkit.scripts import slot_key
 from streamkit.testing.coordinator import TEST_ADMIN_PASSWORD, TEST_ADMIN_USERNAME
@@ -199,7 +200,7 @@ async def run(
             workdir,
             chaos.notes,
             chaos.skipped,
-            await _effects(top) if idempotent and not cluster else None,
+            await _effects(top) if idempotent else None,
             chaos.oom,
             sum(1 for h in records.handled if in_oom(h.t1)),
             sum(1 for r in records.reads if in_oom(r.start_ns)),
@@ -210,9 +211,14 @@ async def run(
 
 
 async def _effects(top: Topology) -> dict[int, int]:
-    """seq -> times its effect was applied, summed over the shards' counters."""
-    assert top.primary is not None
-    client = direct(top.primary)
+    """seq -> times its effect was applied, summed over the shards' counters
+    (on a cluster, read from whichever primary owns each shard's slot now)."""
+    client: Any
+    if isinstance(top, ClusterTopology):
+        client = top.client()
+    else:
+        assert top.primary is not None
+        client = direct(top.primary)
     try:
         applied: Counter[int] = Counter()
         for shard in range(top.shards):
