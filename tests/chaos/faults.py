@@ -170,6 +170,7 @@ class Chaos:
     async def _squeeze(self, conn: object, port: int, *, metadata_here: bool) -> None:
         """``port`` at maxmemory for 2-4 s; the coordinator is probed when
         the group's metadata lives there (its writes are then refused)."""
+        await self._publisher_publishing()
         await squeeze(
             conn,  # type: ignore[arg-type]
             port,
@@ -178,6 +179,17 @@ class Chaos:
             self.note,
             self._probe_coordinator if metadata_here else None,
         )
+
+    async def _publisher_publishing(self, within: float = 15.0) -> None:
+        """Until the publisher appends again (a restart's recovery may still
+        be starting it), so a full Redis meets the load it is about."""
+        path = self.top.workdir / "publisher.rec"
+        size = path.stat().st_size if path.exists() else 0
+        for _ in range(int(within / 0.1)):
+            if path.exists() and path.stat().st_size > size:
+                return
+            await asyncio.sleep(0.1)
+        self.note("redis-oom: the publisher did not append for 15 s; squeezing anyway")
 
     async def _probe_coordinator(self) -> str:
         if not self.top.coordinators:

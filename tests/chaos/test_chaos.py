@@ -35,7 +35,6 @@ def _check(result: Result) -> None:
         assert answer in ("200", "503 REDIS_OUT_OF_MEMORY") or answer.startswith(
             ("no answer", "no coordinator", "503 ")
         ), result.details()
-    assert all(w.refused > 0 for w in result.oom.windows), result.details()
 
 
 async def test_sixty_seconds_of_every_fault(tmp_path: Path) -> None:
@@ -44,6 +43,7 @@ async def test_sixty_seconds_of_every_fault(tmp_path: Path) -> None:
     assert not result.skipped, result.notes
     _check(result)
     # The publisher met the full Redis, and every refused seq went out later.
+    assert all(w.refused > 0 for w in result.oom.windows), result.details()
     assert result.verdict.refused > 0, result.details()
     assert result.verdict.refused_never_published == 0, result.details()
 
