@@ -40,9 +40,14 @@ async def consume(args: argparse.Namespace, target: RedisTarget, coordinator: ob
     await create_group(coordinator, prefix, "provision", args.shards)  # type: ignore[arg-type]
     await prepublish(redis, prefix, args.shards, args.messages)
     rates: dict[bool, list[float]] = {False: [], True: []}
+    # CPU per entry, the consumer's and Redis': what a loaded machine does not
+    # inflate the way it stretches wall-clock time (the ratio to read there).
+    cpus: dict[bool, list[float]] = {False: [], True: []}
     for attempt in range(args.repeat):
         for idempotent in (False, True) if attempt % 2 == 0 else (True, False):
             tag = f"{'idem' if idempotent else 'plain'}{attempt}"
+            client_cpu: list[float] = []
+            before = await _redis_cpu_s(redis)
             rate = await streamkit_run(
                 coordinator,  # type: ignore[arg-type]
                 target,
@@ -53,9 +58,15 @@ async def consume(args: argparse.Namespace, target: RedisTarget, coordinator: ob
                 1,
                 tag,
                 idempotent=idempotent,
+                cpu=client_cpu,
             )
+            server_us = (await _redis_cpu_s(redis) - before) * 1e6 / (args.messages)
             rates[idempotent].append(rate)
-            print(f"  {'idempotent' if idempotent else 'plain':<12}{rate:>10,.0f} entries/s")
+            cpus[idempotent].append(client_cpu[0] + server_us)
+            print(
+                f"  {'idempotent' if idempotent else 'plain':<12}{rate:>10,.0f} entries/s"
+                f"   CPU {client_cpu[0]:5.1f} µs consumer + {server_us:5.1f} µs Redis per entry"
+            )
     plain, idem = max(rates[False]), max(rates[True])
     print(f"\nconsume, best of {args.repeat}: plain {plain:,.0f}/s, idempotent {idem:,.0f}/s")
     print(f"  idempotent / plain, time per entry = {plain / idem:.2f}x")
@@ -63,7 +74,18 @@ async def consume(args: argparse.Namespace, target: RedisTarget, coordinator: ob
         f"  medians: {statistics.median(rates[False]):,.0f}/s vs "
         f"{statistics.median(rates[True]):,.0f}/s"
     )
+    plain_cpu, idem_cpu = statistics.median(cpus[False]), statistics.median(cpus[True])
+    print(
+        f"  CPU per entry (consumer + Redis), medians: plain {plain_cpu:.1f} µs, "
+        f"idempotent {idem_cpu:.1f} µs = {idem_cpu / plain_cpu:.2f}x"
+    )
     await redis.aclose()
+
+
+async def _redis_cpu_s(redis: object) -> float:
+    """Redis' CPU seconds so far (user + system)."""
+    info = await redis.info("cpu")  # type: ignore[attr-defined]
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 async def memory(args: argparse.Namespace, target: RedisTarget) -> None:

@@ -11,13 +11,14 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from types import ModuleType, TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
 from dependency_injector import containers
 
+from streamkit.closing import AsyncClosing
 from streamkit.connections import AsyncRedis, connect_redis, redacted_url
 from streamkit.consumer.failure import FailurePolicy
 from streamkit.consumer.listener import Listener, ListenerConfigError
@@ -54,7 +55,7 @@ log = logging.getLogger("streamkit.app")
 Lifespan = Callable[["StreamKit"], AbstractAsyncContextManager[object]]
 
 
-class StreamKit(AppDeclarations):
+class StreamKit(AsyncClosing, AppDeclarations):
     """Listeners, publishers, a DI container and the clients they share.
 
     Settings come from ``STREAMKIT_*`` variables (or ``.env``); keyword
@@ -193,17 +194,8 @@ class StreamKit(AppDeclarations):
         else:
             await self._close_clients()
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+    #: The name the publisher, the coordinator client and ``contextlib.aclosing`` use.
+    aclose = close
 
     def shutdown(self, *, force: bool = False) -> None:
         """Ask ``serve()`` to stop: members drain, ack and leave the group.

@@ -15,12 +15,12 @@ from __future__ import annotations
 import base64
 import logging
 from collections.abc import Generator
-from types import TracebackType
-from typing import Final, Self, TypeVar
+from typing import Final, TypeVar
 from urllib.parse import quote
 
 import httpx
 
+from streamkit.closing import AsyncClosing
 from streamkit.errors import StreamkitError
 from streamkit.protocol import (
     API_PREFIX,
@@ -130,7 +130,7 @@ def _error_text(response: httpx.Response) -> str:
     return f"{text} ({hint})" if hint else text
 
 
-class CoordinatorClient:
+class CoordinatorClient(AsyncClosing):
     """One keep-alive connection pool to the coordinator, shared by a process."""
 
     def __init__(
@@ -175,17 +175,6 @@ class CoordinatorClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- calls -------------------------------------------------------------------
 

@@ -36,9 +36,11 @@ from streamkit.routing import redis_cluster_slot
 
 __all__ = [
     "COMMIT",
+    "COMMIT_ACKS",
     "FENCED_ERROR",
     "IDEMPOTENT_XADD",
     "IDEMPOTENT_XADD_MANY",
+    "READ_MARKED",
     "Script",
     "is_fenced",
     "is_noscript",
@@ -105,40 +107,60 @@ def is_fenced(reply: object) -> bool:
     return isinstance(reply, ResponseError) and FENCED_ERROR in str(reply)
 
 
+# The idempotency record both publish scripts keep (KEYS: stream, dedup hash
+# id -> entry id, dedup order: a sorted set of ids by ms).  ``now`` is the
+# server's clock in ms.  ``forget_expired`` drops expired ids first (at most
+# ``limit`` a call: each call adds few), so a repeat older than the window is
+# appended again, as documented; ``bound`` keeps at most ``max_ids``.
+_IDEMPOTENCE: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function forget_expired(window_ms, limit)
+  local old = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(window_ms),
+                         'LIMIT', 0, limit)
+  if #old > 0 then
+    redis.call('ZREM', KEYS[3], unpack(old))
+    redis.call('HDEL', KEYS[2], unpack(old))
+  end
+end
+local function xadd_head(maxlen)
+  local head = {'XADD', KEYS[1], 'NOMKSTREAM'}
+  if maxlen ~= '' then
+    head[4] = 'MAXLEN'; head[5] = '~'; head[6] = maxlen
+  end
+  head[#head + 1] = '*'
+  return head
+end
+local function remember(idem, id)
+  redis.call('HSET', KEYS[2], idem, id)
+  redis.call('ZADD', KEYS[3], now, idem)
+end
+local function bound(max_ids)
+  local over = redis.call('ZCARD', KEYS[3]) - tonumber(max_ids)
+  if over > 0 then
+    local popped = redis.call('ZPOPMIN', KEYS[3], over)
+    for i = 1, #popped, 2 do redis.call('HDEL', KEYS[2], popped[i]) end
+  end
+end
+"""
+
 # KEYS: stream, dedup hash (id -> entry id), dedup order (sorted set: id by ms)
 # ARGV: id, window ms, max ids, maxlen ('' = none), then field, value, ...
 # Returns {entry id, 0} when appended, {first entry id, 1} for a repeat, nil
 # when the stream does not exist (NOMKSTREAM: the publisher's stale route).
 IDEMPOTENT_XADD: Final = Script(
     "idempotent_xadd",
-    """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Expired ids first (a bounded number per call: each call adds one), so a
--- repeat older than the window is appended again, as documented.
-local old = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[2]),
-                       'LIMIT', 0, 8)
-if #old > 0 then
-  redis.call('ZREM', KEYS[3], unpack(old))
-  redis.call('HDEL', KEYS[2], unpack(old))
-end
+    _IDEMPOTENCE
+    + """
+forget_expired(ARGV[2], 8)
 local first = redis.call('HGET', KEYS[2], ARGV[1])
 if first then return {first, 1} end
-local args = {'XADD', KEYS[1], 'NOMKSTREAM'}
-if ARGV[4] ~= '' then
-  args[4] = 'MAXLEN'; args[5] = '~'; args[6] = ARGV[4]
-end
-args[#args + 1] = '*'
+local args = xadd_head(ARGV[4])
 for i = 5, #ARGV do args[#args + 1] = ARGV[i] end
 local id = redis.call(unpack(args))
 if not id then return nil end
-redis.call('HSET', KEYS[2], ARGV[1], id)
-redis.call('ZADD', KEYS[3], now, ARGV[1])
-local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[3])
-if over > 0 then
-  local popped = redis.call('ZPOPMIN', KEYS[3], over)
-  for i = 1, #popped, 2 do redis.call('HDEL', KEYS[2], popped[i]) end
-end
+remember(ARGV[1], id)
+bound(ARGV[3])
 return {id, 0}
 """,
 )
@@ -154,22 +176,12 @@ return {id, 0}
 # would be; the bound (max ids) is applied once at the end.
 IDEMPOTENT_XADD_MANY: Final = Script(
     "idempotent_xadd_many",
-    """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    _IDEMPOTENCE
+    + """
 local count = tonumber(ARGV[4])
--- Expired ids first, bounded by what this call adds (as the one-entry script).
-local old = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[1]),
-                       'LIMIT', 0, count + 8)
-if #old > 0 then
-  redis.call('ZREM', KEYS[3], unpack(old))
-  redis.call('HDEL', KEYS[2], unpack(old))
-end
-local head = {'XADD', KEYS[1], 'NOMKSTREAM'}
-if ARGV[3] ~= '' then
-  head[4] = 'MAXLEN'; head[5] = '~'; head[6] = ARGV[3]
-end
-head[#head + 1] = '*'
+-- Bounded by what this call adds (as the one-entry script).
+forget_expired(ARGV[1], count + 8)
+local head = xadd_head(ARGV[3])
 local replies, added, i = {}, 0, 5
 for c = 1, count do
   local idem, argc = ARGV[i], tonumber(ARGV[i + 1])
@@ -182,8 +194,7 @@ for c = 1, count do
     for j = 1, argc do args[n + j] = ARGV[i + 1 + j] end
     local id = redis.call(unpack(args))
     if id then
-      redis.call('HSET', KEYS[2], idem, id)
-      redis.call('ZADD', KEYS[3], now, idem)
+      remember(idem, id)
       added = added + 1
       replies[c] = {id, 0}
     else
@@ -192,13 +203,7 @@ for c = 1, count do
   end
   i = i + 2 + argc
 end
-if added > 0 then
-  local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[2])
-  if over > 0 then
-    local popped = redis.call('ZPOPMIN', KEYS[3], over)
-    for k = 1, #popped, 2 do redis.call('HDEL', KEYS[2], popped[k]) end
-  end
-end
+if added > 0 then bound(ARGV[2]) end
 return replies
 """,
 )
@@ -226,20 +231,33 @@ local types = {HINCRBY='hash', HINCRBYFLOAT='hash', HSET='hash', HDEL='hash',
   INCRBY='string', INCRBYFLOAT='string', SET='string', DEL='', SADD='set', SREM='set',
   ZADD='zset', ZINCRBY='zset', ZREM='zset', XADD='stream', RPUSH='list', LPUSH='list',
   PEXPIRE=''}
-local replies, acks, dels = {}, {}, {}
+local replies, acks, dels, commits, ids = {}, {}, {}, {}, {}
 local i = 6
 for c = 1, tonumber(ARGV[5]) do
-  local entry, idem, how, count = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
+  local count = tonumber(ARGV[i + 3])
+  local commit = {entry = ARGV[i], idem = ARGV[i + 1], how = ARGV[i + 2], effects = {}}
   i = i + 4
-  local effects, refused = {}, nil
   for n = 1, count do
     local argc = tonumber(ARGV[i + 2])
     local call = {ARGV[i], KEYS[tonumber(ARGV[i + 1])]}
     for j = 1, argc do call[j + 2] = ARGV[i + 2 + j] end
-    effects[n] = call
+    commit.effects[n] = call
     i = i + 3 + argc
   end
-  if redis.call('ZSCORE', KEYS[2], idem) then
+  commits[c], ids[c] = commit, commit.idem
+end
+-- Every marker in one ZMSCORE, every new one in one ZADD: a call from Lua
+-- costs about as much as the work of a small commit.
+local marked = {}
+for lo = 1, #ids, 1000 do
+  local part = redis.call('ZMSCORE', KEYS[2], unpack(ids, lo, math.min(lo + 999, #ids)))
+  for n = 1, #part do marked[lo + n - 1] = part[n] end
+end
+local seen, added = {}, {}
+for c = 1, #commits do
+  local commit, refused = commits[c], nil
+  local effects = commit.effects
+  if marked[c] or seen[commit.idem] then
     replies[c] = 0
   else
     -- Check every effect before writing anything: the type each key will
@@ -267,19 +285,102 @@ for c = 1, tonumber(ARGV[5]) do
       replies[c] = refused
     else
       for n = 1, #effects do redis.call(unpack(effects[n])) end
-      redis.call('ZADD', KEYS[2], now, idem)
+      seen[commit.idem] = true
+      added[#added + 1] = now
+      added[#added + 1] = commit.idem
       replies[c] = 1
     end
   end
   if not refused then
-    acks[#acks + 1] = entry
-    if how == 'del' then dels[#dels + 1] = entry end
+    acks[#acks + 1] = commit.entry
+    if commit.how == 'del' then dels[#dels + 1] = commit.entry end
   end
+end
+for lo = 1, #added, 1000 do
+  redis.call('ZADD', KEYS[2], unpack(added, lo, math.min(lo + 999, #added)))
 end
 local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
 if over > 0 then redis.call('ZPOPMIN', KEYS[2], over) end
 if #acks > 0 then redis.call('XACK', KEYS[1], ARGV[1], unpack(acks)) end
 if #dels > 0 then redis.call('XDEL', KEYS[1], unpack(dels)) end
+return replies
+""",
+)
+
+# KEYS: stream, markers (an idempotent listener's, see COMMIT).
+# ARGV: group, consumer, count, the publisher's idempotency-id field name.
+# An XREADGROUP of new entries (never BLOCK: a script cannot wait) and, for
+# each entry, whether its idempotency id (the field's value, else the entry
+# id) has a marker: {entries as XREADGROUP gives them, {1|0 per entry}}.
+# One round trip where a read and a ZMSCORE were two; the commit checks the
+# marker again, so this only decides whether a handler runs.
+READ_MARKED: Final = Script(
+    "read_marked",
+    """
+local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
+                     'STREAMS', KEYS[1], '>')
+if not r then return {{}, {}} end
+local entries, ids, marks = r[1][2], {}, {}
+for i = 1, #entries do
+  local id, fields = entries[i][1], entries[i][2]
+  for j = 1, #fields, 2 do
+    if fields[j] == ARGV[4] then
+      if fields[j + 1] ~= '' then id = fields[j + 1] end
+      break
+    end
+  end
+  ids[i] = id
+end
+for lo = 1, #ids, 1000 do
+  local part = redis.call('ZMSCORE', KEYS[2], unpack(ids, lo, math.min(lo + 999, #ids)))
+  for n = 1, #part do marks[lo + n - 1] = part[n] and 1 or 0 end
+end
+return {entries, marks}
+""",
+)
+
+# COMMIT for commits without staged effects (the common case), with the
+# arguments laid out flat so the script walks no per-commit structure.
+# KEYS: stream, markers, fence.  ARGV: group, fence token ('' = unchecked),
+# marker ttl ms, max markers, commit count n, then n entry ids, n idempotency
+# ids, the count of entries to delete and their ids.  Replies as COMMIT's.
+COMMIT_ACKS: Final = Script(
+    "commit_acks",
+    """
+if ARGV[2] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[2] then
+  return redis.error_reply('STREAMKIT_FENCED shard fencing token moved on; nothing committed')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]))
+local n = tonumber(ARGV[5])
+local ids = 6 + n
+local replies, added, seen = {}, {}, {}
+for lo = 0, n - 1, 1000 do
+  local hi = math.min(lo + 999, n - 1)
+  local marked = redis.call('ZMSCORE', KEYS[2], unpack(ARGV, ids + lo, ids + hi))
+  for k = 1, #marked do
+    local idem = ARGV[ids + lo + k - 1]
+    if marked[k] or seen[idem] then
+      replies[lo + k] = 0
+    else
+      seen[idem] = true
+      added[#added + 1] = now
+      added[#added + 1] = idem
+      replies[lo + k] = 1
+    end
+  end
+end
+for lo = 1, #added, 1000 do
+  redis.call('ZADD', KEYS[2], unpack(added, lo, math.min(lo + 999, #added)))
+end
+local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
+if over > 0 then redis.call('ZPOPMIN', KEYS[2], over) end
+for lo = 6, 5 + n, 1000 do
+  redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, lo, math.min(lo + 999, 5 + n)))
+end
+local d = tonumber(ARGV[6 + 2 * n])
+if d > 0 then redis.call('XDEL', KEYS[1], unpack(ARGV, 7 + 2 * n, 6 + 2 * n + d)) end
 return replies
 """,
 )

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import secrets
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
@@ -54,6 +54,16 @@ def make_redis_client(settings: ServerSettings) -> RedisClient:
     )
 
 
+_T = TypeVar("_T")
+
+
+def _started(value: _T | None) -> _T:
+    """What ``Runtime.start`` created; before it (or after a failed start) an error."""
+    if value is None:
+        raise RuntimeError("the coordinator runtime has not been started")
+    return value
+
+
 class Runtime:
     def __init__(
         self, settings: ServerSettings, admin_password: str, token_secret: bytes | None
@@ -90,33 +100,26 @@ class Runtime:
 
     @property
     def client(self) -> RedisClient:
+        # Not ``_started``: mypy joins the Redis | RedisCluster union there.
         if self._client is None:
-            raise RuntimeError("the coordinator runtime has not been started")
+            return _started(None)
         return self._client
 
     @property
     def token_versions(self) -> TokenVersions:
-        if self._token_versions is None:
-            raise RuntimeError("the coordinator runtime has not been started")
-        return self._token_versions
+        return _started(self._token_versions)
 
     @property
     def service(self) -> CoordinatorService:
-        if self._service is None:
-            raise RuntimeError("the coordinator runtime has not been started")
-        return self._service
+        return _started(self._service)
 
     @property
     def resharding(self) -> ReshardingService:
-        if self._resharding is None:
-            raise RuntimeError("the coordinator runtime has not been started")
-        return self._resharding
+        return _started(self._resharding)
 
     @property
     def dead_letters(self) -> DeadLetters:
-        if self._dead_letters is None:
-            raise RuntimeError("the coordinator runtime has not been started")
-        return self._dead_letters
+        return _started(self._dead_letters)
 
     async def start(self) -> None:
         self._client = make_redis_client(self.settings)

@@ -29,6 +29,7 @@ __all__ = [
     "fail",
     "load_settings",
     "run_async",
+    "until_interrupted",
 ]
 
 T = TypeVar("T")
@@ -88,3 +89,31 @@ def run_async(work: Callable[[], Awaitable[T]]) -> T:
     import anyio
 
     return anyio.run(work)
+
+
+async def until_interrupted(work: Callable[[], Awaitable[object]]) -> bool:
+    """Run ``work`` until it returns or Ctrl-C / SIGTERM arrives; True if interrupted.
+
+    The signal cancels an anyio cancel scope rather than the main task:
+    a scope's cancellation is delivered again at every await, so no library
+    below (an HTTP pool shielding its clean-up) can swallow it the way it can
+    swallow asyncio's one-shot ``task.cancel()`` on Ctrl-C.
+    """
+    import signal
+
+    import anyio
+
+    interrupted = False
+    async with anyio.create_task_group() as tg:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+
+            async def stop() -> None:
+                nonlocal interrupted
+                async for _ in signals:
+                    interrupted = True
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(stop)
+            await work()
+            tg.cancel_scope.cancel()
+    return interrupted

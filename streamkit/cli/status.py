@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from streamkit.cli.common import load_settings, run_async
+from streamkit.cli.common import load_settings, run_async, until_interrupted
 from streamkit.cli.output import echo
 
 if TYPE_CHECKING:
@@ -52,11 +52,14 @@ def status(
             if not watch:
                 _show(console, first)
                 return
-            await _watch(console, client, settings, stream_prefix, group, first, interval)
+            # Ctrl-C ends --watch: not an error.
+            await until_interrupted(
+                lambda: _watch(console, client, settings, stream_prefix, group, first, interval)
+            )
 
     try:
         run_async(work)
-    except KeyboardInterrupt:  # Ctrl-C ends --watch: not an error
+    except KeyboardInterrupt:  # Ctrl-C before the watch began: not an error either
         pass
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from redis.exceptions import RedisError
@@ -33,6 +33,7 @@ from streamkit.scripts import is_fenced, is_noscript
 __all__ = ["AckQueue", "backoff_s"]
 
 log = logging.getLogger("streamkit.poller")
+T = TypeVar("T")
 
 _BACKOFF_MIN_S = 0.1
 _BACKOFF_MAX_S = 5.0
@@ -169,39 +170,30 @@ class AckQueue:
             return
         self.acks, self.dels, self.letters = [], [], []
         io = self._io
-        attempts = 3 if final else 1
-        for attempt in range(1, attempts + 1):
-            try:
-                await io.settle(acks, dels, letters)
-            except (RedisError, OSError) as exc:
-                if is_unreachable_error(exc):
-                    self._reachability.failed(monotonic_ms(), exc)
-                if attempt < attempts:
-                    await anyio.sleep(backoff_s(attempt))
-                    continue
-                if final:
-                    # Unacked entries stay pending and are redelivered to the
-                    # next owner: a duplicate, never a loss.
-                    log.warning(
-                        "%s: could not ack %d entries of %s: %s",
-                        io.member_id,
-                        len(acks) + len(dels),
-                        io.stream_key,
-                        describe_error(exc),
-                    )
-                else:
-                    log.warning(
-                        "%s: ack of %s failed, will retry: %s",
-                        io.member_id,
-                        io.stream_key,
-                        describe_error(exc),
-                    )
-                    self.acks[:0] = acks
-                    self.dels[:0] = dels
-                    self.letters[:0] = letters
-                return
-            break
-        self._reachability.succeeded()
+        try:
+            await self._sent(lambda: io.settle(acks, dels, letters), final)
+        except (RedisError, OSError) as exc:
+            if final:
+                # Unacked entries stay pending and are redelivered to the
+                # next owner: a duplicate, never a loss.
+                log.warning(
+                    "%s: could not ack %d entries of %s: %s",
+                    io.member_id,
+                    len(acks) + len(dels),
+                    io.stream_key,
+                    describe_error(exc),
+                )
+            else:
+                log.warning(
+                    "%s: ack of %s failed, will retry: %s",
+                    io.member_id,
+                    io.stream_key,
+                    describe_error(exc),
+                )
+                self.acks[:0] = acks
+                self.dels[:0] = dels
+                self.letters[:0] = letters
+            return
         self._acked(acks, dels)
         # Apart: each list is in stream order by itself, not the two joined.
         self._acked([entry_id for _, entry_id in letters], [])
@@ -219,14 +211,20 @@ class AckQueue:
         )
 
     async def skip_marked(
-        self, entries: list[Entry], within_lease: Callable[[Awaitable[Any]], Awaitable[Any]]
+        self,
+        entries: list[Entry],
+        within_lease: Callable[[Awaitable[Any]], Awaitable[Any]],
+        marks: list[bool] | None = None,
     ) -> list[Entry]:
         """The entries whose idempotency id has no marker; the others are
-        acked (a commit that finds the marker: counted, no effects) unhandled."""
+        acked (a commit that finds the marker: counted, no effects) unhandled.
+
+        ``marks``: what the read already answered (``READ_MARKED``), else
+        the markers are checked here (``ZMSCORE``, one round trip)."""
         assert self.idempotence is not None
         ids = [self.idempotence.id_of(entry_id, fields) for entry_id, fields in entries]
         try:
-            marked = await within_lease(self._io.marked(ids))
+            marked = marks if marks is not None else await within_lease(self._io.marked(ids))
         except (RedisError, OSError, LeaseCut) as exc:
             # The commit checks the marker again: only the handler's run is at stake.
             log.debug(
@@ -248,29 +246,39 @@ class AckQueue:
         self.script_lost = False
         io, idempotence, token = self._io, self.idempotence, self.token
         assert idempotence is not None and token is not None
-        for attempt in range(1, (3 if final else 1) + 1):
+        try:
+            replies = await self._sent(lambda: io.commit(commits, token, idempotence), final)
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "%s: could not commit %d entries of %s%s: %s",
+                io.member_id,
+                len(commits),
+                io.stream_key,
+                "" if final else ", will retry",
+                describe_error(exc),
+            )
+            if not final and not self.dropped:
+                self.commits[:0] = commits
+            return
+        self.book_commits(commits, replies)
+
+    async def _sent(self, send: Callable[[], Awaitable[T]], final: bool) -> T:
+        """``send()``: once, or up to three times with backoff for the final
+        flush; Redis reachability hears of each outcome; the last error is raised."""
+        attempt = 1
+        while True:
             try:
-                replies = await io.commit(commits, token, idempotence)
+                result = await send()
             except (RedisError, OSError) as exc:
                 if is_unreachable_error(exc):
                     self._reachability.failed(monotonic_ms(), exc)
-                if attempt < (3 if final else 1):
-                    await anyio.sleep(backoff_s(attempt))
-                    continue
-                log.warning(
-                    "%s: could not commit %d entries of %s%s: %s",
-                    io.member_id,
-                    len(commits),
-                    io.stream_key,
-                    "" if final else ", will retry",
-                    describe_error(exc),
-                )
-                if not final and not self.dropped:
-                    self.commits[:0] = commits
-                return
-            break
-        self._reachability.succeeded()
-        self.book_commits(commits, replies)
+                if attempt >= (3 if final else 1):
+                    raise
+                await anyio.sleep(backoff_s(attempt))
+                attempt += 1
+            else:
+                self._reachability.succeeded()
+                return result
 
     def take_commits(self) -> tuple[list[Commit], list[Any], list[tuple[Any, ...]]]:
         """The queued commits, as scripts to send ahead of the next read: (commits,

@@ -30,8 +30,9 @@ from redis.exceptions import RedisError, ResponseError
 
 from streamkit.connections import AsyncRedis, send_commands
 from streamkit.consumer.idempotence import Commit, Idempotence, fence_key, marker_key
+from streamkit.publisher.idempotence import IDEMPOTENCY_FIELD
 from streamkit.redis_health import describe_error
-from streamkit.scripts import COMMIT, is_noscript
+from streamkit.scripts import COMMIT, COMMIT_ACKS, READ_MARKED, is_noscript
 
 __all__ = [
     "END_OF_PEL",
@@ -98,8 +99,13 @@ def read_entries(reply: Any, *, raw: bool) -> list[Entry]:
     if not raw:
         parsed: list[Entry] = entries
         return parsed
+    return _entries(entries)
+
+
+def _entries(raw: Any) -> list[Entry]:
+    """Entries as Redis sends them (field lists) as (id, field dict) pairs."""
     out: list[Entry] = []
-    for entry_id, flat in entries:
+    for entry_id, flat in raw:
         if flat is None:  # a pending entry trimmed away
             out.append((entry_id, None))
         else:
@@ -190,14 +196,33 @@ class ShardIO:
 
     async def marked(self, ids: Sequence[bytes]) -> list[bool]:
         """Whether each idempotency id has a marker (``ZMSCORE``, one round trip)."""
-        scores = await self.redis.execute_command("ZMSCORE", self.marker_key, *ids)
+        (scores,) = await send_commands(self.redis, [("ZMSCORE", self.marker_key, *ids)])
+        if isinstance(scores, Exception):
+            raise scores
         return [score is not None for score in scores]
 
     def commit_command(
         self, commits: Sequence[Commit], token: bytes, idempotence: Idempotence
     ) -> tuple[Any, ...]:
-        """One script for ``commits`` (``streamkit.scripts.COMMIT``)."""
+        """One script for ``commits`` (``streamkit.scripts.COMMIT``, or
+        ``COMMIT_ACKS`` when none of them staged effects)."""
         keys: list[str] = [self.stream_key, self.marker_key, self.fence_key]
+        if not any(commit.effects for commit in commits):
+            dels = [commit.entry_id for commit in commits if commit.delete]
+            return COMMIT_ACKS.command(
+                keys,
+                [
+                    self.consumer_group,
+                    token,
+                    int(idempotence.marker_ttl * 1000),
+                    idempotence.max_markers,
+                    len(commits),
+                    *(commit.entry_id for commit in commits),
+                    *(commit.idempotency_id for commit in commits),
+                    len(dels),
+                    *dels,
+                ],
+            )
         index: dict[str, int] = {}
         args: list[Any] = [
             self.consumer_group,
@@ -260,7 +285,8 @@ class ShardIO:
         replies = await send_commands(self.redis, commands)
         again = [i for i, reply in enumerate(replies) if is_noscript(reply)]
         if again:
-            await self.redis.script_load(COMMIT.source)
+            for script in (COMMIT, COMMIT_ACKS):  # whichever met it: both are small
+                await self.redis.script_load(script.source)
             retried = await send_commands(self.redis, [commands[i] for i in again])
             for i, reply in zip(again, retried, strict=True):
                 replies[i] = reply
@@ -275,19 +301,34 @@ class ShardIO:
         acks: Sequence[bytes],
         ahead: Sequence[tuple[Any, ...]] = (),
         ahead_replies: list[Any] | None = None,
-    ) -> tuple[Any, list[Entry] | Exception]:
+        *,
+        with_marks: bool = False,
+    ) -> tuple[Any, list[Entry] | Exception, list[bool] | None]:
         """``XREADGROUP`` of up to ``count`` new entries, after an ``XACK`` of
         ``acks`` in the same round trip (and before it the commands ``ahead``:
         an idempotent listener's commit scripts, whose replies go to
         ``ahead_replies``).
 
+        ``with_marks`` (an idempotent listener's read that does not block):
+        the read is ``READ_MARKED``, which also answers whether each entry's
+        idempotency id has a marker, so no ``ZMSCORE`` round trip follows.
+
         Returns the ``XACK``'s reply (None without acks; an exception if it
-        failed) and the entries, or the read's error reply.  A failed round
-        trip raises.
+        failed), the entries or the read's error reply, and the marks (None
+        when not asked or the script was not cached: it is loaded for the next
+        read, and the caller checks the markers itself).  A failed round trip
+        raises.
         """
-        read = xreadgroup_command(
-            self.consumer_group, self.member_id, self.stream_key, count, block_ms
-        )
+        marked = with_marks and block_ms is None
+        if marked:
+            read = READ_MARKED.command(
+                [self.stream_key, self.marker_key],
+                [self.consumer_group, self.member_id, count, IDEMPOTENCY_FIELD],
+            )
+        else:
+            read = xreadgroup_command(
+                self.consumer_group, self.member_id, self.stream_key, count, block_ms
+            )
         ahead = list(ahead)
         if acks:
             ahead.append(("XACK", self.stream_key, self.consumer_group, *acks))
@@ -296,11 +337,19 @@ class ShardIO:
         ack_reply = replies[-2] if acks else None
         if ahead_replies is not None:
             ahead_replies[:] = replies[: len(ahead) - (1 if acks else 0)]
+        if marked:
+            if is_noscript(reply):  # nothing was read: load it for the next read
+                await self.redis.script_load(READ_MARKED.source)
+                return ack_reply, [], None
+            if isinstance(reply, Exception):
+                return ack_reply, reply, None
+            entries, marks = reply
+            return ack_reply, _entries(entries), [bool(mark) for mark in marks]
         if isinstance(reply, Exception):
-            return ack_reply, reply
+            return ack_reply, reply, None
         # send_commands hands back what Redis sent on a standalone server and
         # what redis-py's callbacks made of it on a cluster.
-        return ack_reply, read_entries(reply, raw=not self.cluster)
+        return ack_reply, read_entries(reply, raw=not self.cluster), None
 
     async def autoclaim(self, cursor: bytes, count: int) -> tuple[bytes, list[Entry]]:
         """One ``XAUTOCLAIM`` step (min-idle 0): the next cursor and the entries

@@ -118,6 +118,8 @@ class ShardReader:
         #: The failure policy halted the shard: no reads until it is assigned again.
         self.halted = False
         self._claiming = host.options.claim_pending
+        # Markers of the last read's entries, when the read answered them.
+        self._marks: list[bool] | None = None
         self._claim_cursor = END_OF_PEL
         self._idle = False
         # Cancelled by halt(): the blocking read and every wait, never a handler.
@@ -147,8 +149,7 @@ class ShardReader:
             self._acks.acks.append(message_id)
         elif how is Settlement.ACK_DEL:
             self._acks.dels.append(message_id)
-        # A nack is handled once the handler returned (the Invoker): it goes
-        # through the failure policy like an exception.
+        # A nack goes through the failure policy once the handler returned (the Invoker).
 
     def commit(self, message: Message, how: Settlement) -> None:
         """An idempotent listener's ack: marker + staged effects + ack, queued."""
@@ -234,7 +235,9 @@ class ShardReader:
                                 self.last_delivered_id, entries[-1][0]
                             )
                             if self.idempotence is not None:
-                                entries = await self._acks.skip_marked(entries, self._within_lease)
+                                entries = await self._acks.skip_marked(
+                                    entries, self._within_lease, self._marks
+                                )
                             await host.dispatcher.handle(self, entries, counts)
                             if self._acks.rare:
                                 await self._acks.flush()
@@ -284,6 +287,7 @@ class ShardReader:
         due retries (topped up with new entries), then new ones.  Also the
         delivery counts of the entries that were claimed (the others: 1)."""
         retries = self._retries
+        self._marks = None
         if self._claiming or self._redeliver or retries.due(monotonic_ms()):
             await self._acks.flush()  # rare paths: the acks go out on their own
         if self._claiming:
@@ -360,16 +364,17 @@ class ShardReader:
         commits, chunks, ahead = self._acks.take_commits() if block_ms is None else ([], [], [])
         entries: list[Entry] | Exception = []
         ahead_replies: list[Any] = []
+        marks = self.idempotence is not None
         try:
             with self._observed_read() as tally:
-                sent = self._io.read(count, block_ms, acks, ahead, ahead_replies)
+                sent = self._io.read(count, block_ms, acks, ahead, ahead_replies, with_marks=marks)
                 read = self._within_lease(sent)
                 reply = await (read if block_ms is None else self.interruptibly(read))
                 if reply is None:  # halted while blocking: the XACK's fate is unknown
                     self._acks.requeue(acks)
                     acks = []
                 else:
-                    ack_reply, entries = reply
+                    ack_reply, entries, self._marks = reply
                     if acks:
                         self._acks.book(acks, ack_reply)
                         acks = []  # booked or queued again
@@ -416,12 +421,8 @@ class ShardReader:
         return entries
 
     async def _delivery_counts(self, entries: list[Entry]) -> dict[bytes, int]:
-        """Redis' delivery counter of claimed entries.
-
-        Claims are rare (a handoff, a retry), so the extra round trip stays off
-        the hot path.  If it fails the entries are handled anyway, counted as
-        a second delivery, the least a claimed entry can have.
-        """
+        """Redis' delivery counter of claimed entries (rare: a handoff, a retry).
+        If it fails they are counted as a second delivery, the least they can have."""
         if not entries:
             return {}
         counts = await self._io.delivery_counts(entries)
@@ -429,8 +430,7 @@ class ShardReader:
 
     @contextlib.contextmanager
     def _observed_read(self) -> Iterator[_Tally]:
-        """Bracket one Redis read for the read observer (tests rebuild read
-        intervals from it to prove no shard ever had two readers)."""
+        """Bracket one read for the read observer (tests prove no shard had two readers)."""
         observer = self._host.observer
         epoch = self._lease.epoch
         tally = _Tally()

@@ -16,9 +16,9 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final
 
+from streamkit.closing import AsyncClosing
 from streamkit.connections import AsyncRedis, connect_redis, send_command, send_commands
 from streamkit.coordinator_client import CoordinatorClient
 from streamkit.middleware import Middleware, PublishContext, PublishManyContext, chain
@@ -86,7 +86,7 @@ log = logging.getLogger("streamkit.producer")
 _FIRST: Final = (0,)
 
 
-class Publisher(PublisherViews):
+class Publisher(AsyncClosing, PublisherViews):
     """Publish messages to the shard streams of ``stream_prefix``.
 
     ``consumer_group`` names the coordinator group whose producer routing is
@@ -258,18 +258,6 @@ class Publisher(PublisherViews):
             await self._redis.aclose()
         if self._owns_coordinator:
             await self._coordinator.aclose()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # -- publishing ------------------------------------------------------------------
 

@@ -9,7 +9,6 @@ from fastapi.responses import JSONResponse
 
 from streamkit.protocol import (
     API_PREFIX,
-    ErrorResponse,
     GroupResponse,
     ProducerRoutingResponse,
     StreamCreateResponse,
@@ -21,7 +20,7 @@ from streamkit_server.api.bodies import (
     DeleteGroupRequest,
 )
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
-from streamkit_server.api.errors import documented
+from streamkit_server.api.errors import CALLER_ERRORS, documented
 from streamkit_server.coordination import views
 from streamkit_server.errors import Rejected
 from streamkit_server.store.keys import GroupKeys
@@ -31,14 +30,11 @@ router = APIRouter(prefix=API_PREFIX, dependencies=[AUTHORIZE])
 
 Keys = Annotated[GroupKeys, Depends(group_keys)]
 
-_ERRORS = documented(
-    {
-        400: "Invalid request.",
-        401: "Authentication required.",
-        403: "Role missing.",
-        503: "Coordinator terminating, busy, or metadata unusable.",
-    }
-)
+_ERRORS = {
+    400: "Invalid request.",
+    **CALLER_ERRORS,
+    503: "Coordinator terminating, busy, or metadata unusable.",
+}
 
 
 @router.post(
@@ -47,7 +43,7 @@ _ERRORS = documented(
     tags=["Groups"],
     status_code=201,
     response_model=StreamCreateResponse,
-    responses={409: {"model": ErrorResponse, "description": "Stream exists."}, **_ERRORS},
+    responses=documented({409: "Stream exists.", **_ERRORS}),
 )
 async def create_stream(
     request: Request, streamPrefix: str, body: CreateStreamRequest, principal: Caller
@@ -69,7 +65,7 @@ async def create_stream(
     tags=["Groups"],
     status_code=201,
     response_model=GroupResponse,
-    responses={409: {"model": ErrorResponse, "description": "Group exists."}, **_ERRORS},
+    responses=documented({409: "Group exists.", **_ERRORS}),
 )
 async def create_group(
     request: Request, keys: Keys, body: CreateGroupRequest, principal: Caller
@@ -86,7 +82,7 @@ async def create_group(
     operation_id="getCoordinatorGroup",
     tags=["Groups"],
     response_model=GroupResponse,
-    responses={404: {"model": ErrorResponse, "description": "Group not found."}, **_ERRORS},
+    responses=documented({404: "Group not found.", **_ERRORS}),
 )
 async def get_group(request: Request, keys: Keys, principal: Caller) -> JSONResponse:
     group = await runtime(request).service.read_group(keys)
@@ -98,11 +94,7 @@ async def get_group(request: Request, keys: Keys, principal: Caller) -> JSONResp
     operation_id="deleteCoordinatorGroup",
     tags=["Groups"],
     response_model=GroupResponse,
-    responses={
-        404: {"model": ErrorResponse, "description": "Group not found."},
-        422: {"model": ErrorResponse, "description": "Group still has members."},
-        **_ERRORS,
-    },
+    responses=documented({404: "Group not found.", 422: "Group still has members.", **_ERRORS}),
 )
 async def delete_group(
     request: Request, keys: Keys, body: DeleteGroupRequest, principal: Caller
@@ -117,7 +109,7 @@ async def delete_group(
     operation_id="getProducerRoutingMetadata",
     tags=["Producer Routing"],
     response_model=ProducerRoutingResponse,
-    responses={404: {"model": ErrorResponse, "description": "Group not found."}, **_ERRORS},
+    responses=documented({404: "Group not found.", **_ERRORS}),
 )
 async def producer_routing(request: Request, keys: Keys, principal: Caller) -> JSONResponse:
     service = runtime(request).service

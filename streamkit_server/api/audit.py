@@ -19,8 +19,9 @@ from typing import Any, Final
 
 from fastapi import Request
 from fastapi.routing import APIRoute
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from streamkit_server.api.asgi import HttpMiddleware
 from streamkit_server.auth.security import Principal, basic_username
 from streamkit_server.observability.audit import MAX_RECORD_BYTES, audit_log, emit
 
@@ -91,16 +92,10 @@ def _base(scope: Scope, body: bytes, status: int, started: float) -> dict[str, A
     }
 
 
-class AuditMiddleware:
+class AuditMiddleware(HttpMiddleware):
     """Audits every refused request (and every mutation ``audited`` marks)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         chunks: list[bytes] = []
         size = 0

@@ -8,10 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 
-from streamkit.protocol import API_PREFIX, ErrorResponse, LoginRequest, LoginResponse
+from streamkit.protocol import API_PREFIX, LoginRequest, LoginResponse
 from streamkit_server.api.audit import audited
 from streamkit_server.api.deps import AUTHORIZE, Caller, login_guard, runtime
-from streamkit_server.api.errors import documented
+from streamkit_server.api.errors import CALLER_ERRORS, documented
 from streamkit_server.auth.security import AuthError
 from streamkit_server.auth.token_versions import current_version
 from streamkit_server.errors import ApiError
@@ -25,7 +25,7 @@ Username = Annotated[str, Path(min_length=1, max_length=128)]
     "/auth/login",
     operation_id="loginCoordinatorApi",
     response_model=LoginResponse,
-    responses={401: {"model": ErrorResponse, "description": "Invalid credentials."}},
+    responses=documented({401: "Invalid credentials."}),
     openapi_extra={"security": []},
 )
 async def login(request: Request, body: LoginRequest | None = None) -> JSONResponse:
@@ -54,9 +54,7 @@ async def login(request: Request, body: LoginRequest | None = None) -> JSONRespo
     return JSONResponse(response.to_wire())
 
 
-_REVOKE_ERRORS = documented(
-    {401: "Authentication required.", 403: "Role missing.", 404: "No such principal."}
-)
+_REVOKE_ERRORS = documented({**CALLER_ERRORS, 404: "No such principal."})
 
 
 @router.post(

@@ -12,8 +12,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
-from streamkit.protocol import API_PREFIX, ErrorResponse
+from streamkit.protocol import API_PREFIX
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
+from streamkit_server.api.errors import documented
 from streamkit_server.coordination.autoscaling import LagSampler
 from streamkit_server.core.autoscaling import MAX_CONCURRENCY, MAX_TARGET_LAG, recommend
 from streamkit_server.store.keys import GroupKeys
@@ -35,10 +36,7 @@ def sampler(request: Request) -> LagSampler:
 @router.get(
     PATH,
     operation_id=OPERATION_ID,
-    responses={
-        400: {"model": ErrorResponse, "description": "Invalid names or parameters."},
-        404: {"model": ErrorResponse, "description": "Group not found."},
-    },
+    responses=documented({400: "Invalid names or parameters.", 404: "Group not found."}),
 )
 async def autoscaling(
     request: Request,

@@ -6,15 +6,16 @@ stream, how a replay is routed) are in ``streamkit_server/coordination/dead_lett
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from streamkit.protocol import API_PREFIX, ErrorResponse
+from streamkit.protocol import API_PREFIX
 from streamkit_server.api.audit import audited
 from streamkit_server.api.bodies import ReplayDeadLetterRequest
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
+from streamkit_server.api.errors import CALLER_ERRORS, documented
 from streamkit_server.api.monitoring import parse_record_id
 from streamkit_server.coordination.dead_letters import MAX_PAGE
 from streamkit_server.store.keys import GroupKeys
@@ -26,21 +27,13 @@ _GROUP = "/streams/{streamPrefix}/groups/{consumerGroup}"
 _RECORD_ID = Annotated[str, Path(max_length=64)]
 
 
-def _error(text: str) -> dict[str, Any]:
-    return {"model": ErrorResponse, "description": text}
-
-
-_COMMON: dict[int | str, dict[str, Any]] = {
-    400: _error("Invalid request (INVALID_REQUEST and friends)."),
-    401: _error("Authentication required."),
-    403: _error("Role missing."),
-}
+_COMMON = {400: "Invalid request (INVALID_REQUEST and friends).", **CALLER_ERRORS}
 
 
 @router.get(
     f"/monitoring{_GROUP}/dead-letters",
     operation_id="listDeadLetters",
-    responses={**_COMMON, 404: _error("Group not found.")},
+    responses=documented({**_COMMON, 404: "Group not found."}),
 )
 async def list_dead_letters(
     request: Request,
@@ -68,13 +61,15 @@ async def list_dead_letters(
 @router.post(
     f"{_GROUP}/dead-letters/{{deadLetterId}}/replay",
     operation_id="replayDeadLetter",
-    responses={
-        **_COMMON,
-        404: _error("Group or dead letter not found."),
-        409: _error("The original shard left the layout: name the partition key."),
-        422: _error("The entry could not be published again (the reason is in the message)."),
-        503: _error("Coordinator terminating or Redis unavailable."),
-    },
+    responses=documented(
+        {
+            **_COMMON,
+            404: "Group or dead letter not found.",
+            409: "The original shard left the layout: name the partition key.",
+            422: "The entry could not be published again (the reason is in the message).",
+            503: "Coordinator terminating or Redis unavailable.",
+        }
+    ),
 )
 async def replay_dead_letter(
     request: Request,

@@ -8,7 +8,7 @@ size and JSON errors all map to 4xx here.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Final
 
 import redis.asyncio
 from fastapi import FastAPI, HTTPException, Request
@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamkit.protocol import ErrorResponse
+from streamkit_server.api.asgi import HttpMiddleware
 from streamkit_server.auth.ratelimit import RateLimited
 from streamkit_server.auth.security import AuthError
 from streamkit_server.coordination.gate import CoordinatorSuspended, CoordinatorTerminating
@@ -103,6 +104,10 @@ def error_response(
 ) -> JSONResponse:
     body = ErrorResponse(status=str(status_code), error_code=error_code, message=message)
     return JSONResponse(body.to_wire(), status_code=status_code, headers=headers)
+
+
+#: What every operation behind ``AUTHORIZE`` may answer, in the same words.
+CALLER_ERRORS: Final[dict[int, str]] = {401: "Authentication required.", 403: "Role missing."}
 
 
 def documented(texts: dict[int, str]) -> dict[int | str, dict[str, Any]]:
@@ -315,7 +320,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected)
 
 
-class BodyLimitMiddleware:
+class BodyLimitMiddleware(HttpMiddleware):
     """Answer 413 (as ErrorResponse) for bodies above ``max_bytes``.
 
     A declared Content-Length is checked before the app runs; a chunked body
@@ -323,13 +328,10 @@ class BodyLimitMiddleware:
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from streamkit.numerals import ascii_uint
@@ -36,8 +36,12 @@ def _options(values: list[str]) -> JSONResponse:
     return JSONResponse([{"__text": v, "__value": v} for v in values])
 
 
-def _keys(request: Request, prefix: str, group: str) -> GroupKeys:
-    return keys_for(request, prefix, group)
+def _query_keys(request: Request, stream_prefix: Prefix, consumer_group: GroupName) -> GroupKeys:
+    return keys_for(request, stream_prefix, consumer_group)
+
+
+#: The group named by the ``streamPrefix`` and ``consumerGroup`` query parameters.
+QueryKeys = Annotated[GroupKeys, Depends(_query_keys)]
 
 
 async def _groups(request: Request, caller: Any) -> list[dict[str, Any]]:
@@ -68,34 +72,23 @@ async def group_options(
 
 
 @router.get("/options/shards", operation_id="listGrafanaShardOptions")
-async def shard_options(
-    request: Request, caller: Caller, stream_prefix: Prefix, consumer_group: GroupName
-) -> JSONResponse:
-    group = await monitoring.load_group(request, _keys(request, stream_prefix, consumer_group))
+async def shard_options(request: Request, caller: Caller, keys: QueryKeys) -> JSONResponse:
+    group = await monitoring.load_group(request, keys)
     return _options([str(s) for s in sorted(group.known_shards())])
 
 
 @router.get("/members", operation_id="listGrafanaMemberRows")
-async def member_rows(
-    request: Request, caller: Caller, stream_prefix: Prefix, consumer_group: GroupName
-) -> JSONResponse:
-    keys = _keys(request, stream_prefix, consumer_group)
+async def member_rows(request: Request, caller: Caller, keys: QueryKeys) -> JSONResponse:
     return JSONResponse(_body(await monitoring.members(request, keys, caller))["members"])
 
 
 @router.get("/shards", operation_id="listGrafanaShardRows")
-async def shard_rows(
-    request: Request, caller: Caller, stream_prefix: Prefix, consumer_group: GroupName
-) -> JSONResponse:
-    keys = _keys(request, stream_prefix, consumer_group)
+async def shard_rows(request: Request, caller: Caller, keys: QueryKeys) -> JSONResponse:
     return JSONResponse(_body(await monitoring.offsets(request, keys, caller))["shards"])
 
 
 @router.get("/assignments", operation_id="listGrafanaAssignmentRows")
-async def assignment_rows(
-    request: Request, caller: Caller, stream_prefix: Prefix, consumer_group: GroupName
-) -> JSONResponse:
-    keys = _keys(request, stream_prefix, consumer_group)
+async def assignment_rows(request: Request, caller: Caller, keys: QueryKeys) -> JSONResponse:
     view = _body(await monitoring.assignments(request, keys, caller))
     rows = []
     members = set(view["targetAssignment"]) | set(view["currentAssignments"])
@@ -122,7 +115,7 @@ async def message_rows(
     cursor: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 25,
 ) -> JSONResponse:
-    keys = _keys(request, stream_prefix, consumer_group)
+    keys = _query_keys(request, stream_prefix, consumer_group)
     if shard_index == "ALL":
         shards = sorted((await monitoring.load_group(request, keys)).known_shards())
     elif (shard := ascii_uint(shard_index, 2**31 - 1)) is not None:

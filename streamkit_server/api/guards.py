@@ -30,6 +30,8 @@ import h11
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from streamkit_server.api.asgi import HttpMiddleware
+
 __all__ = [
     "MAX_REQUEST_ID",
     "BodyDeadlineMiddleware",
@@ -68,17 +70,14 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send)
 
 
-class BodyDeadlineMiddleware:
+class BodyDeadlineMiddleware(HttpMiddleware):
     """Refuse (``408``) a body that has not fully arrived ``timeout_s`` after the first read."""
 
     def __init__(self, app: ASGIApp, timeout_s: float) -> None:
-        self.app = app
+        super().__init__(app)
         self.timeout_s = timeout_s
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         deadline: float | None = None
 
         async def timed_receive() -> Message:

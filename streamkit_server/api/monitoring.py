@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
+from fastapi.types import DecoratedCallable
 from redis.exceptions import ResponseError
 
 from streamkit.protocol import (
@@ -16,7 +18,6 @@ from streamkit.protocol import (
     SUPPORTED_PROTOCOL_VERSIONS,
     AssignmentsResponse,
     ConsumptionProgressResponse,
-    ErrorResponse,
     GroupListResponse,
     GroupResponse,
     HealthResponse,
@@ -32,7 +33,7 @@ from streamkit.protocol import (
 from streamkit.routing import stream_key
 from streamkit.version import package_version
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
-from streamkit_server.api.errors import is_command_refusal
+from streamkit_server.api.errors import documented, is_command_refusal
 from streamkit_server.auth.security import Principal
 from streamkit_server.coordination import views
 from streamkit_server.coordination.executor import now_ms
@@ -45,9 +46,7 @@ router = APIRouter(prefix=f"{API_PREFIX}/monitoring", tags=["Monitoring"], depen
 
 Keys = Annotated[GroupKeys, Depends(group_keys)]
 _GROUP = "/streams/{streamPrefix}/groups/{consumerGroup}"
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: {"model": ErrorResponse, "description": "Group not found."}
-}
+_NOT_FOUND = documented({404: "Group not found."})
 _CURSOR = re.compile(r"^(\d{1,20})-(\d{1,20})$")
 _UINT64_MAX = 2**64 - 1
 
@@ -71,6 +70,15 @@ def _parse_cursor(cursor: str) -> tuple[int, int]:
 
 def _json(model: Any) -> JSONResponse:
     return JSONResponse(model.to_wire())
+
+
+def _group_view(
+    suffix: str, operation_id: str, model: type[Any]
+) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    """``GET`` of one view of a group (``404`` while the group does not exist)."""
+    return router.get(
+        f"{_GROUP}{suffix}", operation_id=operation_id, response_model=model, responses=_NOT_FOUND
+    )
 
 
 async def load_group(request: Request, keys: GroupKeys) -> GroupMetadata:
@@ -129,50 +137,28 @@ async def list_groups(request: Request, _p: Caller) -> JSONResponse:
     return _json(GroupListResponse(groups=[views.group_response(g) for g in groups]))
 
 
-@router.get(
-    _GROUP, operation_id="getMonitoringGroup", response_model=GroupResponse, responses=_NOT_FOUND
-)
+@_group_view("", "getMonitoringGroup", GroupResponse)
 async def get_group(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
     return _json(views.group_response(await load_group(request, keys)))
 
 
-@router.get(
-    f"{_GROUP}/members",
-    operation_id="listGroupMembers",
-    response_model=MemberListResponse,
-    responses=_NOT_FOUND,
-)
+@_group_view("/members", "listGroupMembers", MemberListResponse)
 async def members(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
     group = await load_group(request, keys)
     return _json(MemberListResponse(members=views.member_views(group, now_ms())))
 
 
-@router.get(
-    f"{_GROUP}/assignments",
-    operation_id="getGroupAssignments",
-    response_model=AssignmentsResponse,
-    responses=_NOT_FOUND,
-)
+@_group_view("/assignments", "getGroupAssignments", AssignmentsResponse)
 async def assignments(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
     return _json(views.assignments(await load_group(request, keys)))
 
 
-@router.get(
-    f"{_GROUP}/consumption",
-    operation_id="getConsumptionProgress",
-    response_model=ConsumptionProgressResponse,
-    responses=_NOT_FOUND,
-)
+@_group_view("/consumption", "getConsumptionProgress", ConsumptionProgressResponse)
 async def consumption(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
     return _json(views.consumption(await load_group(request, keys)))
 
 
-@router.get(
-    f"{_GROUP}/migrations",
-    operation_id="listReshardingMigrations",
-    response_model=MigrationsResponse,
-    responses=_NOT_FOUND,
-)
+@_group_view("/migrations", "listReshardingMigrations", MigrationsResponse)
 async def migrations(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
     return JSONResponse(views.migrations(await load_group(request, keys)))
 
@@ -221,12 +207,7 @@ async def _shard_facts(client: RedisClient, group: GroupMetadata, shard: int) ->
     )
 
 
-@router.get(
-    f"{_GROUP}/offsets",
-    operation_id="getStreamShardOffsets",
-    response_model=StreamShardOffsetsResponse,
-    responses=_NOT_FOUND,
-)
+@_group_view("/offsets", "getStreamShardOffsets", StreamShardOffsetsResponse)
 async def offsets(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
     group = await load_group(request, keys)
     client = runtime(request).client
@@ -242,12 +223,7 @@ async def offsets(request: Request, keys: Keys, _p: Caller) -> JSONResponse:
     return _json(views.shard_offsets(group, facts))
 
 
-@router.get(
-    f"{_GROUP}/shards/{{shardIndex}}/messages",
-    operation_id="getStreamShardMessages",
-    response_model=StreamMessagesPageResponse,
-    responses=_NOT_FOUND,
-)
+@_group_view("/shards/{shardIndex}/messages", "getStreamShardMessages", StreamMessagesPageResponse)
 async def messages(
     request: Request,
     keys: Keys,

@@ -19,6 +19,7 @@ from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamkit.protocol import API_PREFIX
+from streamkit_server.api.asgi import HttpMiddleware
 from streamkit_server.api.deps import AUTHORIZE, Caller, runtime
 from streamkit_server.observability.metrics import Metrics
 
@@ -39,17 +40,14 @@ def route_label(scope: Scope) -> str:
     return "unmatched"
 
 
-class RequestMetricsMiddleware:
+class RequestMetricsMiddleware(HttpMiddleware):
     """Counts and times every HTTP request (``Metrics.observe_request``)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         status = 500  # an exception that escapes is answered 500 further out
 

@@ -25,7 +25,7 @@ from streamkit_server.api.bodies import (
     ScaleStreamRequest,
 )
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
-from streamkit_server.api.errors import documented
+from streamkit_server.api.errors import CALLER_ERRORS, documented
 from streamkit_server.coordination import views
 from streamkit_server.coordination.resharding import find_migration
 from streamkit_server.store.keys import GroupKeys
@@ -43,8 +43,7 @@ _MIGRATION = f"{_GROUP}/migrations/{{reshardingId}}"
 def _errors(extra: dict[int, str]) -> dict[int | str, dict[str, Any]]:
     texts = {
         400: "Invalid request or targetShardCount (INVALID_TARGET_SHARD_COUNT).",
-        401: "Authentication required.",
-        403: "Role missing.",
+        **CALLER_ERRORS,
         503: "Provisioning failed (REDIS_STREAM_PROVISIONING_FAILED), coordinator busy, "
         "terminating, or metadata unusable.",
         **extra,

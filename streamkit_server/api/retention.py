@@ -7,37 +7,31 @@ streamkit extensions, not in the reference contract.  What retention does
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from streamkit.protocol import API_PREFIX, ErrorResponse
+from streamkit.protocol import API_PREFIX
 from streamkit_server.api.audit import audited
 from streamkit_server.api.bodies import SetRetentionRequest
 from streamkit_server.api.deps import AUTHORIZE, Caller, runtime
+from streamkit_server.api.errors import CALLER_ERRORS, documented
 from streamkit_server.coordination.retention import read_retention, set_retention
 from streamkit_server.store.provisioning import validate_stream_prefix
 
 router = APIRouter(prefix=API_PREFIX, tags=["Retention"], dependencies=[AUTHORIZE])
 
 
-def _error(text: str) -> dict[str, Any]:
-    return {"model": ErrorResponse, "description": text}
-
-
-_COMMON: dict[int | str, dict[str, Any]] = {
-    400: _error("Invalid request (INVALID_REQUEST, INVALID_RETENTION)."),
-    401: _error("Authentication required."),
-    403: _error("Role missing."),
-    404: _error("Stream not found (STREAM_NOT_FOUND)."),
+_COMMON = {
+    400: "Invalid request (INVALID_REQUEST, INVALID_RETENTION).",
+    **CALLER_ERRORS,
+    404: "Stream not found (STREAM_NOT_FOUND).",
 }
 
 
 @router.get(
     "/streams/{streamPrefix}/retention",
     operation_id="getStreamRetention",
-    responses=_COMMON,
+    responses=documented(_COMMON),
 )
 async def get_retention(request: Request, streamPrefix: str, _p: Caller) -> JSONResponse:
     """The stream's own retention, the one that applies, and where it comes from."""
@@ -49,7 +43,7 @@ async def get_retention(request: Request, streamPrefix: str, _p: Caller) -> JSON
 @router.put(
     "/streams/{streamPrefix}/retention",
     operation_id="setStreamRetention",
-    responses={**_COMMON, 503: _error("Coordinator terminating or busy.")},
+    responses=documented({**_COMMON, 503: "Coordinator terminating or busy."}),
 )
 async def put_retention(
     request: Request, streamPrefix: str, body: SetRetentionRequest, _p: Caller

@@ -22,6 +22,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from streamkit_server.coordination.executor import now_ms
 from streamkit_server.coordination.gate import CoordinatorTerminating
+from streamkit_server.coordination.passes import guarded_pass
 from streamkit_server.coordination.resharding import ReshardingService
 from streamkit_server.coordination.service import CoordinatorService
 from streamkit_server.coordination.timings import Timings
@@ -76,18 +77,13 @@ class TickLoop:
                 self.service.metrics.tick_lag_seconds.set(max(0.0, started - next_at))
                 self.last_pass_started = started
                 try:
-                    await self.pass_once()
-                    self.last_error = None
+                    # A bug must not stop expiries and migrations for good:
+                    # it is logged loudly (health shows it), tried next pass.
+                    self.last_error = await guarded_pass(
+                        log, "tick", self.pass_once, stop_on=(CoordinatorTerminating,)
+                    )
                 except CoordinatorTerminating:
                     break
-                except (RedisError, OSError) as exc:
-                    self.last_error = str(exc)
-                    log.warning("tick pass failed: %s", exc)
-                except Exception as exc:
-                    # A bug must not stop expiries and migrations for good:
-                    # log it loudly (health shows it) and try again next pass.
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    log.exception("tick pass failed unexpectedly")
                 next_at = max(next_at + self.interval_s, time.monotonic())
                 # Clamped: after a pass that overran, the difference is a hair
                 # below zero and anyio.sleep() would raise, ending the loop.

@@ -31,10 +31,11 @@ from typing import Final
 
 import anyio
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from streamkit.routing import stream_key
 from streamkit_server.coordination.executor import now_ms
+from streamkit_server.coordination.passes import guarded_pass
 from streamkit_server.coordination.service import CoordinatorService
 from streamkit_server.core.retention import (
     RetentionPolicy,
@@ -147,16 +148,8 @@ class RetentionJanitor:
     async def run(self) -> None:
         gate = self.service.gate
         while not gate.terminating:
-            try:
-                await self.pass_once()
-                self.last_error = None
-            except (RedisError, OSError) as exc:
-                self.last_error = str(exc)
-                log.warning("retention pass failed: %s", exc)
-            except Exception as exc:
-                # A bug must not stop retention for good: log it, try again.
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.exception("retention pass failed unexpectedly")
+            # A bug must not stop retention for good: logged, tried again.
+            self.last_error = await guarded_pass(log, "retention", self.pass_once)
             await anyio.sleep(self.interval_s)
 
     async def pass_once(self) -> dict[str, list[ShardTrim]]:

@@ -187,8 +187,7 @@ def apply_drain_probe(
     proven = {s for s, ok in drained.items() if ok and s in migration.removed_shards}
     if proven & set(draft.group.draining_shards):
         draft.group.draining_shards = sorted(set(draft.group.draining_shards) - proven)
-        draft.dirty = draft.observable = draft.membership_changed = True
-        draft.rebalance()
+        _shards_changed(draft)
     return finished(draft)
 
 
@@ -210,8 +209,7 @@ def apply_retirement(
     again = sorted(s for s, ok in retired.items() if not ok and s in migration.removed_shards)
     if again:
         draft.group.draining_shards = sorted(set(draft.group.draining_shards) | set(again))
-        draft.dirty = draft.observable = draft.membership_changed = True
-        draft.rebalance()
+        _shards_changed(draft)
     if done:
         _update_migration(
             draft,
@@ -290,8 +288,7 @@ def advance_migration(draft: Draft) -> None:
                 draft.group.held_shards = sorted(
                     set(draft.group.held_shards) - set(migration.added_shards)
                 )
-                draft.dirty = draft.observable = draft.membership_changed = True
-                draft.rebalance()
+                _shards_changed(draft)
 
 
 def _producer_lease_passed(
@@ -308,6 +305,11 @@ def _switch_layout(draft: Draft, layout: list[int], removed: list[int], held: li
     draft.group.shard_count = len(layout)
     draft.group.draining_shards = sorted(set(draft.group.draining_shards) | set(removed))
     draft.group.held_shards = sorted(set(draft.group.held_shards) | set(held))
+    _shards_changed(draft)
+
+
+def _shards_changed(draft: Draft) -> None:
+    """Which shards may be assigned changed: saved, shown, and rebalanced at once."""
     draft.dirty = draft.observable = draft.membership_changed = True
     draft.rebalance()
 

@@ -31,6 +31,21 @@ __all__ = ["DEFAULT_SERIES_CAP", "FAMILIES", "DetailGauges", "Row", "capped", "r
 DEFAULT_SERIES_CAP = 2_000
 
 _GROUP = ("stream_prefix", "consumer_group")
+#: The families of one series per group: name -> help (in ``group_families``' order).
+GROUP_FAMILIES: dict[str, str] = {
+    "redis_stream_coord_group_lag": (
+        "Entries of the group's shard streams not yet delivered (sum of the shards' lag)."
+    ),
+    "redis_stream_coord_group_pending": (
+        "Entries delivered to the group's members and not yet acknowledged."
+    ),
+    "redis_stream_coord_group_handled_per_second": (
+        "Entries the group acknowledged per second over the lag sampler's window."
+    ),
+    "redis_stream_coord_group_shards": (
+        "Shards of the group's layout (an autoscaler's ceiling: shards / concurrency)."
+    ),
+}
 #: name -> (help, extra labels); every family also has the two group labels.
 FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "redis_stream_coord_shard_owner_state": (
@@ -183,25 +198,9 @@ def group_families(
 ) -> list[GaugeMetricFamily]:
     """One series per group (bounded by the group count, so not capped): the
     figures an HPA on Prometheus scales with (docs/operations.md#autoscaling)."""
-    lag = GaugeMetricFamily(
-        "redis_stream_coord_group_lag",
-        "Entries of the group's shard streams not yet delivered (sum of the shards' lag).",
-        labels=list(_GROUP),
-    )
-    pending = GaugeMetricFamily(
-        "redis_stream_coord_group_pending",
-        "Entries delivered to the group's members and not yet acknowledged.",
-        labels=list(_GROUP),
-    )
-    handled = GaugeMetricFamily(
-        "redis_stream_coord_group_handled_per_second",
-        "Entries the group acknowledged per second over the lag sampler's window.",
-        labels=list(_GROUP),
-    )
-    shards = GaugeMetricFamily(
-        "redis_stream_coord_group_shards",
-        "Shards of the group's layout (an autoscaler's ceiling: shards / concurrency).",
-        labels=list(_GROUP),
+    lag, pending, handled, shards = (
+        GaugeMetricFamily(name, help_text, labels=list(_GROUP))
+        for name, help_text in GROUP_FAMILIES.items()
     )
     for key, group in sorted(groups.items()):
         shards.add_metric(list(key), group.shard_count)

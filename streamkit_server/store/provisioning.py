@@ -11,11 +11,11 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Final, TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeAlias
 
-import anyio
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from streamkit.routing import stream_key
 from streamkit_server.errors import CoordinatorError
@@ -36,9 +36,11 @@ MAX_NAME_LENGTH: Final = 200
 # characters make keys and logs ambiguous; '/' and '%' cannot travel safely in
 # one URL path segment.
 _FORBIDDEN = re.compile(r"[\s{}/%\x00-\x1f\x7f]")
-_PARALLEL = 32
+# Commands per pipeline: large enough for few round trips, small enough
+# that one reply never holds megabytes.
+_CHUNK = 512
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_ShardFn: TypeAlias = Callable[[int], Coroutine[object, object, None]]
+_Queue: TypeAlias = Callable[[Any, str], object]
 
 
 # Unicode's control, format (U+202E turns text around), surrogate and line/
@@ -114,20 +116,16 @@ class Provisioner:
         An existing *empty* stream is what an interrupted create leaves behind,
         so it is adopted rather than reported.
         """
-        found: list[str] = []
-
-        async def check(index: int) -> None:
-            key = stream_key(stream_prefix, index)
-            kind = await self.client.type(key)
-            kind_s = kind.decode() if isinstance(kind, bytes) else str(kind)
-            if kind_s == "none":
-                return
-            if kind_s != "stream":
-                found.append(f"{key} ({kind_s})")
-            elif await self.client.xlen(key) > 0:
-                found.append(f"{key} (non-empty stream)")
-
-        await self._each(shards, check)
+        keys = [stream_key(stream_prefix, index) for index in shards]
+        kinds = await self._each(keys, lambda pipe, key: pipe.type(key))
+        streams = [key for key, kind in zip(keys, kinds, strict=True) if _text(kind) == "stream"]
+        lengths = dict(zip(streams, await self._each(streams, lambda p, k: p.xlen(k)), strict=True))
+        found = [
+            f"{key} ({_text(kind)})"
+            for key, kind in zip(keys, kinds, strict=True)
+            if _text(kind) not in ("none", "stream")
+        ]
+        found += [f"{key} (non-empty stream)" for key, n in lengths.items() if int(n) > 0]
         return sorted(found)
 
     async def provision(self, stream_prefix: str, shards: Sequence[int], group: str | None) -> None:
@@ -138,14 +136,21 @@ class Provisioner:
         already published (at-least-once).  An existing Redis group keeps its
         position (BUSYGROUP is success).
         """
-
-        async def one(index: int) -> None:
-            await self._script(
-                keys=[stream_key(stream_prefix, index)],
-                args=[group or "", "__streamkit_provision__"],
+        args = [group or "", "__streamkit_provision__"]
+        todo = [stream_key(stream_prefix, index) for index in shards]
+        sha = self._script.sha
+        for attempt in range(2):
+            replies = await self._each(
+                todo, lambda pipe, key: pipe.execute_command("EVALSHA", sha, 1, key, *args)
             )
-
-        await self._each(shards, one)
+            todo = [k for k, r in zip(todo, replies, strict=True) if isinstance(r, NoScriptError)]
+            if not todo:
+                return
+            if attempt == 0:
+                # A node never ran the script (a new cluster, a restart, a
+                # promoted replica): SCRIPT LOAD reaches every primary.
+                await self.client.script_load(scripts.PROVISION)
+        raise NoScriptError(f"Redis does not keep the provisioning script ({todo[0]})")
 
     async def destroy_group(self, stream_prefix: str, shards: Sequence[int], group: str) -> None:
         """Remove the Redis consumer group ``group`` from the shard streams.
@@ -155,28 +160,29 @@ class Provisioner:
         stream or group is fine (XGROUP DESTROY answers 0; a missing key
         is checked first because DESTROY on it is an error).
         """
+        keys = [stream_key(stream_prefix, index) for index in shards]
+        found = await self._each(keys, lambda pipe, key: pipe.exists(key))
+        present = [key for key, n in zip(keys, found, strict=True) if int(n)]
+        await self._each(present, lambda pipe, key: pipe.xgroup_destroy(key, group))
 
-        async def one(index: int) -> None:
-            key = stream_key(stream_prefix, index)
-            if await self.client.exists(key):
-                await self.client.xgroup_destroy(key, group)
+    async def _each(self, keys: Sequence[str], queue: _Queue) -> list[Any]:
+        """One command per key, pipelined in chunks: a group of 4,096 shards is
+        a few round trips, not thousands (a cluster pipeline splits by node).
 
-        await self._each(shards, one)
+        Replies come back in order; a NOSCRIPT reply is handed back for the
+        caller to retry, any other error is raised as itself.
+        """
+        replies: list[Any] = []
+        for start in range(0, len(keys), _CHUNK):
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys[start : start + _CHUNK]:
+                queue(pipe, key)
+            replies += await pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception) and not isinstance(reply, NoScriptError):
+                raise reply
+        return replies
 
-    async def _each(self, shards: Sequence[int], fn: _ShardFn) -> None:
-        # The first failure is raised as itself (not as an ExceptionGroup), so
-        # callers can tell a Redis error from anything else.
-        errors: list[Exception] = []
 
-        async def guarded(shard: int) -> None:
-            try:
-                await fn(shard)
-            except Exception as exc:
-                errors.append(exc)
-
-        for start in range(0, len(shards), _PARALLEL):
-            async with anyio.create_task_group() as tg:
-                for shard in shards[start : start + _PARALLEL]:
-                    tg.start_soon(guarded, shard)
-            if errors:
-                raise errors[0]
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

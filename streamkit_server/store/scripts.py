@@ -12,6 +12,8 @@ from __future__ import annotations
 # ``cur`` wrote, or nil unless the write log proves the chain: every entry
 # still there, the copy's own entry with its writeId, every later write a
 # member-only one, and (``mine`` given) none of them a write of those members.
+# ``add_records`` appends each of those ids with its ``m:<id>`` record (both
+# scripts reply with them, so the caller's copy catches up).
 WRITES_SINCE = """
 local function writes_since(key, have, wid, cur, size, mine)
   if not (have and cur and size and cur > have and cur - have < size) then return nil end
@@ -30,6 +32,14 @@ local function writes_since(key, have, wid, cur, size, mine)
     end
   end
   return ids
+end
+
+local function add_records(reply, key, ids)
+  for _, id in ipairs(ids) do
+    reply[#reply + 1] = id
+    reply[#reply + 1] = redis.call('HGET', key, 'm:' .. id) or false
+  end
+  return reply
 end
 """
 
@@ -63,11 +73,7 @@ if m[1] == ARGV[3] and m[5] == ARGV[4] then head[7] = 'same' return head end
 local ids = writes_since(KEYS[2], tonumber(ARGV[3]), ARGV[4], tonumber(m[1]), tonumber(ARGV[5]))
 if ids then
   head[7] = 'delta'
-  for _, id in ipairs(ids) do
-    head[#head + 1] = id
-    head[#head + 1] = redis.call('HGET', KEYS[2], 'm:' .. id) or false
-  end
-  return head
+  return add_records(head, KEYS[2], ids)
 end
 head[7] = 'full'
 local all = redis.call('HGETALL', KEYS[2])
@@ -114,12 +120,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
       for i = 7, #ARGV, 1000 do
         redis.call('HSET', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
       end
-      local reply = {3, rev}
-      for _, id in ipairs(others) do
-        reply[#reply + 1] = id
-        reply[#reply + 1] = redis.call('HGET', KEYS[2], 'm:' .. id) or false
-      end
-      return reply
+      return add_records({3, rev}, KEYS[2], others)
     end
   end
 end

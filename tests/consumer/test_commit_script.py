@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from streamkit.consumer.idempotence import Commit, Idempotence
 from streamkit.consumer.shard_io import ShardIO
-from streamkit.scripts import COMMIT, is_fenced
+from streamkit.scripts import COMMIT, COMMIT_ACKS, READ_MARKED, is_fenced
 from streamkit.testing import RedisServer
 
 GROUP = "g"
@@ -36,7 +36,12 @@ EFFECTS = {
 
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("read"), st.integers(1, 3), st.lists(st.integers(0, 5), min_size=3)),
+        st.tuples(
+            st.just("read"),
+            st.integers(1, 3),
+            st.lists(st.integers(0, 5), min_size=3),
+            st.booleans(),  # through READ_MARKED (which also answers the markers)
+        ),
         st.tuples(
             st.just("commit"),
             st.booleans(),  # with a stale token
@@ -46,6 +51,7 @@ ops = st.lists(
                     st.lists(
                         st.tuples(st.sampled_from(sorted(EFFECTS)), st.integers(1, 5)), max_size=3
                     ),
+                    st.booleans(),  # ack and delete
                 ),
                 min_size=1,
                 max_size=3,
@@ -61,6 +67,7 @@ ops = st.lists(
 class Model:
     markers: set[bytes] = field(default_factory=set)
     pending: set[bytes] = field(default_factory=set)
+    deleted: set[bytes] = field(default_factory=set)
     values: dict[str, int] = field(default_factory=dict)
     types: dict[str, str] = field(default_factory=dict)
 
@@ -69,6 +76,11 @@ class Model:
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(steps=ops)
+# Pinned: one id twice in one script without effects (COMMIT_ACKS: the second
+# is a duplicate), and a read through READ_MARKED of an id already marked.
+@example(steps=[("read", 2, [1, 1, 1], False), ("commit", False, [(0, [], True), (1, [], False)])])
+@example(steps=[("read", 1, [2, 2, 2], False), ("commit", False, [(0, [], False)]),
+                ("read", 2, [2, 3, 3], True)])  # fmt: skip
 def test_commit_is_all_or_nothing_fenced_and_once(
     redis_server: RedisServer, steps: list[Any]
 ) -> None:
@@ -91,7 +103,8 @@ def run(r: redis.Redis, steps: list[Any]) -> None:
         dead_letter_key=f"{stream}:dlq",
         dead_letter_maxlen=10,
     )
-    r.script_load(COMMIT.source)
+    for script in (COMMIT, COMMIT_ACKS, READ_MARKED):
+        r.script_load(script.source)
     keys = {"h": f"{{{stream}}}:h", "c": f"{{{stream}}}:c"}
     model = Model()
     delivered: list[tuple[bytes, bytes]] = []  # (entry id, idempotency id)
@@ -101,19 +114,31 @@ def run(r: redis.Redis, steps: list[Any]) -> None:
         if step[0] == "fence":  # a new reader takes the shard
             stale, token = token, str(r.incr(io.fence_key)).encode()
         elif step[0] == "read":
-            _, count, pool = step
+            _, count, pool, marked = step
             for n in range(count):
                 idem = f"id-{pool[n % len(pool)]}".encode()
                 entry = r.xadd(stream, {"idempotency-id": idem})
                 delivered.append((entry, idem))
-            for entry, _ in r.xreadgroup(GROUP, "m", {stream: ">"})[0][1]:
+            if marked:
+                read = READ_MARKED.command(
+                    [stream, io.marker_key], [GROUP, "m", 100, "idempotency-id"]
+                )
+                entries, marks = r.execute_command(*read)
+                # Each entry's mark says whether its idempotency id has a marker.
+                assert [bool(m) for m in marks] == [
+                    dict(zip(f[::2], f[1::2], strict=True))[b"idempotency-id"] in model.markers
+                    for _, f in entries
+                ]
+            else:
+                entries = r.xreadgroup(GROUP, "m", {stream: ">"})[0][1]
+            for entry, _ in entries:
                 model.pending.add(entry)
         else:
             _, use_stale, batch = step
             if not delivered:
                 continue
             commits, expected = [], []
-            for which, effects in batch:
+            for which, effects, delete in batch:
                 entry, idem = delivered[which % len(delivered)]
                 staged = [
                     (
@@ -123,8 +148,8 @@ def run(r: redis.Redis, steps: list[Any]) -> None:
                     )
                     for e, amount in effects
                 ]
-                commits.append(Commit(entry, idem, effects=staged))
-                expected.append((entry, idem, effects))
+                commits.append(Commit(entry, idem, delete=delete, effects=staged))
+                expected.append((entry, idem, effects, delete))
             command = io.commit_command(commits, stale if use_stale else token, IDEMPOTENCE)
             try:
                 replies: list[Any] = [
@@ -133,27 +158,31 @@ def run(r: redis.Redis, steps: list[Any]) -> None:
                 ]
             except redis.ResponseError as exc:
                 replies = [exc] * len(commits)
-            for reply, (entry, idem, effects) in zip(replies, expected, strict=True):
-                expect(model, reply, entry, idem, use_stale, effects)
+            for reply, (entry, idem, effects, delete) in zip(replies, expected, strict=True):
+                if expect(model, reply, entry, idem, use_stale, effects) and delete:
+                    model.deleted.add(entry)
+        all_ids = {entry for entry, _ in delivered}
+        assert {e for e, _ in r.xrange(stream)} == all_ids - model.deleted
         check(r, model, stream, keys, io.marker_key)
 
 
 def expect(
     model: Model, reply: Any, entry: bytes, idem: bytes, stale: bool, effects: list[Any]
-) -> None:
+) -> bool:
+    """Check one commit's reply against the model; True if it acked its entry."""
     if stale:
         assert is_fenced(reply), reply
-        return
+        return False
     if idem in model.markers:
         assert reply == 0, reply
         model.pending.discard(entry)
-        return
+        return True
     types = dict(model.types)
     for name, _ in effects:
         _, key, kind = EFFECTS[name]
         if types.setdefault(key, kind) != kind:
             assert isinstance(reply, redis.ResponseError) and "WRONGTYPE" in str(reply), reply
-            return
+            return False
     assert reply == 1, str(reply)
     model.types = types
     for name, amount in effects:
@@ -161,6 +190,7 @@ def expect(
         model.values[key] = model.values.get(key, 0) + amount
     model.markers.add(idem)
     model.pending.discard(entry)
+    return True
 
 
 def check(r: redis.Redis, model: Model, stream: str, keys: dict[str, str], markers: str) -> None:

@@ -73,9 +73,9 @@ async def _shard(target: RedisTarget, entries: int) -> tuple[Any, ShardIO, list[
 async def test_acks_ride_along_with_the_next_read(any_redis: RedisTarget) -> None:
     redis, io, ids = await _shard(any_redis, 4)
     try:
-        ack, first = await io.read(2, None, [])
+        ack, first, _ = await io.read(2, None, [])
         assert ack is None and [i for i, _ in first] == ids[:2]
-        ack, second = await io.read(10, None, ids[:2])
+        ack, second, _ = await io.read(10, None, ids[:2])
         assert ack == 2 and [i for i, _ in second] == ids[2:]
         assert (await redis.xpending(io.stream_key, "g"))["pending"] == 2
     finally:
@@ -85,7 +85,7 @@ async def test_acks_ride_along_with_the_next_read(any_redis: RedisTarget) -> Non
 async def test_settle_acks_deletes_and_dead_letters_together(any_redis: RedisTarget) -> None:
     redis, io, ids = await _shard(any_redis, 5)
     try:
-        _, entries = await io.read(10, None, [])
+        _, entries, _ = await io.read(10, None, [])
         assert len(entries) == 5
         letter = {"n": "4", "x-error": "boom"}
         # A cluster dead-letters on its own (another slot); standalone in the MULTI.
