@@ -27,7 +27,9 @@ from typing import Any
 import httpx
 import redis.asyncio
 
-#: Room left above the used memory: a second or so of the soak's writes.
+#: Room left above the used memory: a few seconds of the soak's writes on
+#: standalone (on a cluster a primary gets a third of them and the 3 s
+#: filling often ends first: the pin follows either way).
 HEADROOM_BYTES = 16 * 1024
 PROBE_MEMBER = "oom-probe"
 
@@ -35,10 +37,12 @@ PROBE_MEMBER = "oom-probe"
 @dataclass
 class OomWindow:
     port: int
-    #: First refusal seen by Redis (its ``errorstat_OOM`` counter moved).
+    #: From the pin below the used memory to the restore.
     start_ns: int
     end_ns: int
-    refused: int  # commands Redis refused with OOM in the window
+    #: Commands Redis refused with OOM (its ``errorstat_OOM`` counter), from
+    #: the first ``CONFIG SET`` on, the filling included.
+    refused: int
 
 
 @dataclass
