@@ -75,17 +75,22 @@ class Records:
     published: dict[int, list[Published]]
     reads: list[Read]
     handled: list[Handling]
+    #: seq -> publish attempts Redis refused with OOM (nothing appended).
+    refused: dict[int, int] = field(default_factory=dict)
 
 
 def parse(
     publisher_file: Path, consumer_files: Iterable[Path], died_ns: Mapping[int, int], end_ns: int
 ) -> Records:
     published: dict[int, list[Published]] = defaultdict(list)
+    refused: Counter[int] = Counter()
     if publisher_file.exists():
         for line in publisher_file.read_text().splitlines():
             p = line.split()
             if len(p) == 6 and p[0] == "P":
                 published[int(p[1])].append(Published(int(p[1]), p[2], int(p[3]), p[4], int(p[5])))
+            elif len(p) == 4 and p[0] == "R":
+                refused[int(p[1])] += 1
     reads: list[Read] = []
     handled: list[Handling] = []
     for path in consumer_files:
@@ -121,7 +126,7 @@ def parse(
         for (shard, reader), left in open_reads.items():
             end = died_ns.get(int(reader.rsplit("@", 1)[1]), end_ns)
             reads.extend(Read(shard, reader, e, s, end, lease) for e, s, lease in left)
-    return Records(dict(published), reads, handled)
+    return Records(dict(published), reads, handled, dict(refused))
 
 
 def overlaps(reads: Iterable[Read]) -> list[tuple[Read, Read]]:
@@ -158,6 +163,12 @@ class Verdict:
     #: Reads that recorded their end after their lease (paused or starved
     #: processes); held only until the lease in the overlap check.
     late_ends: int = 0
+    #: Publish attempts Redis refused at maxmemory, and the seqs they were
+    #: for (each published later by a retry, or never: not a loss, as Redis
+    #: never accepted it).
+    refused: int = 0
+    refused_seqs: int = 0
+    refused_never_published: int = 0
 
     @property
     def ok(self) -> bool:
@@ -176,6 +187,9 @@ def judge(records: Records, losses: list[DataLoss], faults: list[FaultSpan]) -> 
     for h in sorted(records.handled, key=lambda h: h.t1):
         first_handled.setdefault(h.seq, h.t1)
     v.handled = len(set(first_handled) & set(published))
+    v.refused = sum(records.refused.values())
+    v.refused_seqs = len(records.refused)
+    v.refused_never_published = sum(1 for s in records.refused if s not in published)
 
     # Loss: a published seq never handled, unless Redis itself lost it
     # (it was gone from the data set that survived a failover or restart).

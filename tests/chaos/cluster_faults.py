@@ -8,6 +8,8 @@ and coordinator faults of ``faults.py``.
   stream, or of the group's metadata, moves to another primary
   (``SETSLOT IMPORTING/MIGRATING``, ``MIGRATE``, ``SETSLOT NODE``) under load.
 * ``cluster-pause``: SIGSTOP of a node for longer than ``cluster-node-timeout``.
+* ``redis-oom``: one primary at ``maxmemory`` for a few seconds (oom.py),
+  half the time the one holding the group's metadata.
 
 Entries a promoted replica never received are counted as dropped by Redis,
 as after the standalone failover.
@@ -26,6 +28,7 @@ from streamkit.testing import HOST, RedisServer
 from .checks import DataLoss
 from .cluster import NODE_TIMEOUT_MS, ClusterTopology
 from .faults import Chaos
+from .topology import direct
 
 CLUSTER_KINDS = (
     "consumer-kill",
@@ -40,6 +43,7 @@ CLUSTER_KINDS = (
     "cluster-migrate-shard",
     "cluster-migrate-meta",
     "cluster-pause",
+    "redis-oom",
 )
 
 
@@ -215,3 +219,19 @@ class ClusterChaos(Chaos):
             victim._signal(signal.SIGCONT)
             self.paused.discard(victim.port)
             await self._await_healthy()
+
+    async def _redis_oom(self) -> None:
+        async with self.redis_lock:
+            cluster = self.ctop.redis_cluster
+            primaries = await asyncio.to_thread(cluster.current_primaries)
+            meta_slot = redis_cluster_slot(f"{{{self.top.prefix}:{self.top.group}}}")
+            meta_owner = await asyncio.to_thread(_slot_owner, self.ctop, meta_slot)
+            # Half the time the primary holding the group's metadata (the
+            # coordinator's writes are refused too), else another one.
+            others = [n for n in primaries if n.port != meta_owner.port]
+            here = self.rng.random() < 0.5 or not others
+            victim = meta_owner if here else self.rng.choice(others)
+            where = "with" if here else "without"
+            self.note(f"OOM on primary {victim.port} ({where} the group's metadata)")
+            async with direct(victim) as conn:
+                await self._squeeze(conn, victim.port, metadata_here=here)

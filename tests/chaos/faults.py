@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from .checks import DataLoss, FaultSpan
+from .oom import OomLog, probe_heartbeat, squeeze
 from .topology import MEMBER_LEASE_MS, Topology, direct
 
 KINDS = (
@@ -21,6 +22,7 @@ KINDS = (
     "redis-failover",
     "redis-restart",
     "redis-slow",
+    "redis-oom",
     "coordinator-delay",
     "coordinator-drop",
     "scale",
@@ -64,6 +66,8 @@ class Chaos:
     consumers_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     coordinators_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     redis_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: What the redis-oom faults did (oom.py).
+    oom: OomLog = field(default_factory=OomLog)
 
     def note(self, text: str) -> None:
         self.notes.append(f"{time.monotonic():.2f} {text}")
@@ -156,6 +160,42 @@ class Chaos:
                     await conn.execute_command("DEBUG", "SLEEP", f"{pause:.2f}")
                     await asyncio.sleep(self.rng.uniform(0.2, 0.6))
             self.note("DEBUG SLEEP on the primary")
+
+    async def _redis_oom(self) -> None:
+        async with self.redis_lock:
+            assert self.top.primary is not None
+            async with direct(self.top.primary) as conn:
+                await self._squeeze(conn, self.top.primary.port, metadata_here=True)
+
+    async def _squeeze(self, conn: object, port: int, *, metadata_here: bool) -> None:
+        """``port`` at maxmemory for 2-4 s; the coordinator is probed when
+        the group's metadata lives there (its writes are then refused)."""
+        await self._publisher_publishing()
+        await squeeze(
+            conn,  # type: ignore[arg-type]
+            port,
+            self.rng.uniform(2.0, 4.0),
+            self.oom,
+            self.note,
+            self._probe_coordinator if metadata_here else None,
+        )
+
+    async def _publisher_publishing(self, within: float = 15.0) -> None:
+        """Until the publisher appends again (a restart's recovery may still
+        be starting it), so a full Redis meets the load it is about."""
+        path = self.top.workdir / "publisher.rec"
+        size = path.stat().st_size if path.exists() else 0
+        for _ in range(int(within / 0.1)):
+            if path.exists() and path.stat().st_size > size:
+                return
+            await asyncio.sleep(0.1)
+        self.note("redis-oom: the publisher did not append for 15 s; squeezing anyway")
+
+    async def _probe_coordinator(self) -> str:
+        if not self.top.coordinators:
+            return "no coordinator running"
+        auth = self.top.coordinators[0].member_auth
+        return await probe_heartbeat(self.top.lb.url, auth, self.top.prefix, self.top.group)
 
     async def _present(self, conn: object) -> set[int]:
         """Every seq the shard streams hold on one server."""

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from streamkit.scripts import slot_key
 from streamkit.testing.coordinator import TEST_ADMIN_PASSWORD, TEST_ADMIN_USERNAME
@@ -24,6 +25,7 @@ from . import checks
 from .cluster import ClusterTopology
 from .cluster_faults import CLUSTER_KINDS, ClusterChaos
 from .faults import KINDS, Chaos, schedule
+from .oom import OomLog
 from .topology import Topology, direct
 
 log = logging.getLogger("chaos")
@@ -46,6 +48,10 @@ class Result:
     skipped: list[str] = field(default_factory=list)
     #: Idempotent mode: seq -> how often its staged effect was applied (None: plain mode).
     effects: dict[int, int] | None = None
+    oom: OomLog = field(default_factory=OomLog)
+    #: Entries handled, and reads sent, while a Redis refused writes (redis-oom).
+    handled_in_oom: int = 0
+    reads_in_oom: int = 0
 
     @property
     def duplicate_effects(self) -> int:
@@ -54,7 +60,10 @@ class Result:
     def row(self) -> str:
         v = self.verdict
         done = self.faults - Counter(self.skipped)
-        faults = ", ".join(f"{k} {n}" for k, n in sorted(done.items()))
+        faults = ", ".join(
+            f"{k} {n}" + (f" ({v.refused} publishes refused)" if k == "redis-oom" else "")
+            for k, n in sorted(done.items())
+        )
         dropped = ", ".join(f"{k} {n}" for k, n in sorted(v.dropped_by_redis.items())) or "0"
         dups = sum(v.duplicates.values())
         return (
@@ -76,6 +85,17 @@ class Result:
             lines.append(
                 f"  idempotent mode: {len(self.effects)} seqs with an effect, "
                 f"{self.duplicate_effects} duplicate effects"
+            )
+        if self.oom.windows:
+            lines.append(
+                f"  redis-oom: {len(self.oom.windows)} windows, "
+                f"{sum(w.end_ns - w.start_ns for w in self.oom.windows) / 1e9:.1f} s in all, "
+                f"{sum(w.refused for w in self.oom.windows)} commands refused by Redis; "
+                f"{v.refused} publish attempts refused ({v.refused_seqs} seqs, "
+                f"{v.refused_never_published} never published); "
+                f"while refusing: {self.handled_in_oom} entries handled, "
+                f"{self.reads_in_oom} reads sent; coordinator probe: "
+                + (", ".join(f"{a} {n}" for a, n in self.oom.answers.most_common()) or "none")
             )
         if v.lost:
             lines.append(f"  LOST seqs: {v.lost[:30]}")
@@ -167,6 +187,11 @@ async def run(
         records = checks.parse(workdir / "publisher.rec", top.record_files, top.died_ns, end_ns)
         verdict = checks.judge(records, chaos.losses, chaos.spans)
         (workdir / "notes.log").write_text("\n".join(chaos.notes) + "\n")
+        windows = [(w.start_ns, w.end_ns) for w in chaos.oom.windows]
+
+        def in_oom(t: int) -> bool:
+            return any(a <= t <= b for a, b in windows)
+
         return Result(
             seed,
             time.monotonic() - began,
@@ -175,7 +200,10 @@ async def run(
             workdir,
             chaos.notes,
             chaos.skipped,
-            await _effects(top) if idempotent and not cluster else None,
+            await _effects(top) if idempotent else None,
+            chaos.oom,
+            sum(1 for h in records.handled if in_oom(h.t1)),
+            sum(1 for r in records.reads if in_oom(r.start_ns)),
         )
     finally:
         with contextlib.suppress(Exception):
@@ -183,9 +211,14 @@ async def run(
 
 
 async def _effects(top: Topology) -> dict[int, int]:
-    """seq -> times its effect was applied, summed over the shards' counters."""
-    assert top.primary is not None
-    client = direct(top.primary)
+    """seq -> times its effect was applied, summed over the shards' counters
+    (on a cluster, read from whichever primary owns each shard's slot now)."""
+    client: Any
+    if isinstance(top, ClusterTopology):
+        client = top.client()
+    else:
+        assert top.primary is not None
+        client = direct(top.primary)
     try:
         applied: Counter[int] = Counter()
         for shard in range(top.shards):

@@ -4,6 +4,8 @@
 Publishes entries numbered ``seq`` = 0, 1, 2, ... over ``SKC_KEYS`` partition
 keys at ``SKC_RATE`` per second through a real ``Publisher``, and writes
 ``P seq key shard entry_id t`` to ``SKC_RECORD`` once Redis accepted an entry.
+A publish Redis refused because it is at ``maxmemory``
+(``OutOfMemoryError``: nothing was appended) is recorded as ``R seq key t``.
 A failed publish is retried with the same ``seq`` until it succeeds (a retry
 whose first attempt did land is a duplicate, never a gap; with
 ``SKC_IDEMPOTENT=1`` every publish carries the idempotency id ``seq-<seq>``,
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 import anyio
+from redis.exceptions import OutOfMemoryError
 
 from streamkit.publisher.publisher import Publisher
 from streamkit.settings import StreamKitSettings
@@ -76,6 +79,10 @@ async def main() -> None:
                     )
             except Exception as exc:  # every failure: retry the same seq
                 failures += 1
+                if isinstance(exc, OutOfMemoryError):
+                    # Refused, typed, not retried by the Publisher: a user backs
+                    # off and publishes again, as this loop does.
+                    out.write(f"R {seq} {key} {time.monotonic_ns()}\n")
                 if failures == 1 or failures % 20 == 0:
                     log.warning("publish of %d failed (%d in a row): %r", seq, failures, exc)
                 await anyio.sleep(min(0.5, 0.02 * failures))

@@ -30,6 +30,11 @@ def _check(result: Result) -> None:
     assert verdict.handled == verdict.published - sum(verdict.dropped_by_redis.values())
     # Every fault was healed and the group caught up before the run ended.
     assert verdict.last_reconvergence_s != float("inf"), result.details()
+    # Redis at maxmemory: the coordinator answered, or failed closed with a code.
+    for answer in result.oom.answers:
+        assert answer in ("200", "503 REDIS_OUT_OF_MEMORY") or answer.startswith(
+            ("no answer", "no coordinator", "503 ")
+        ), result.details()
 
 
 async def test_sixty_seconds_of_every_fault(tmp_path: Path) -> None:
@@ -37,6 +42,10 @@ async def test_sixty_seconds_of_every_fault(tmp_path: Path) -> None:
     assert result.faults == dict.fromkeys(KINDS, 1), result.faults
     assert not result.skipped, result.notes
     _check(result)
+    # The publisher met the full Redis, and every refused seq went out later.
+    assert all(w.refused > 0 for w in result.oom.windows), result.details()
+    assert result.verdict.refused > 0, result.details()
+    assert result.verdict.refused_never_published == 0, result.details()
 
 
 @pytest.mark.cluster

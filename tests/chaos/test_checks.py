@@ -101,3 +101,21 @@ def test_reconvergence_is_the_catch_up_after_the_heal(tmp_path: Path) -> None:
     a = ["H 0 k0 0 a 1 10 150 160 1-0 0", "H 1 k0 0 a 1 10 2000 2100 2-0 0"]
     v = _judge(tmp_path, PUB, a, faults=[FaultSpan("consumer-kill", 0, 300)])
     assert v.last_reconvergence_s == (2100 - 300) / 1e9
+
+
+def test_refused_publishes_are_counted_apart_and_never_lost(tmp_path: Path) -> None:
+    # seq 1 refused twice (Redis full), then published; seq 2 refused and the
+    # run ended before a retry: nothing was accepted, so nothing is lost.
+    pub = ["P 0 k0 0 1-0 100", "R 1 k0 150", "R 1 k0 180", "P 1 k0 0 2-0 200", "R 2 k0 250"]
+    a = ["H 0 k0 0 a 1 10 150 160 1-0 0", "H 1 k0 0 a 1 10 250 260 2-0 0"]
+    v = _judge(tmp_path, pub, a)
+    assert v.ok and v.published == v.handled == 2
+    assert (v.refused, v.refused_seqs, v.refused_never_published) == (3, 2, 1)
+
+
+def test_an_entry_appended_despite_a_refusal_is_a_second_entry(tmp_path: Path) -> None:
+    # A refusal that did append (it must not): the retry's entry is another one.
+    pub = ["R 0 k0 90", "P 0 k0 0 2-0 100"]
+    a = ["H 0 k0 0 a 1 10 150 160 1-0 0", "H 0 k0 0 a 1 10 170 180 2-0 0"]
+    v = _judge(tmp_path, pub, a)
+    assert v.duplicates["publisher retry (two entries)"] == 1

@@ -3,7 +3,8 @@ adds data.  What each part does then:
 
 * a publisher gets the refusal at once, typed (``OutOfMemoryError``, no
   retries: waiting would not free memory) and nothing is appended twice or
-  silently dropped;
+  silently dropped; an idempotent publish too, and its id stays free for
+  the caller's retry;
 * a consumer keeps handling and acking what was already published (``XACK``
   and reads do not need memory), so it frees memory rather than using it;
 * the coordinator answers ``503 REDIS_OUT_OF_MEMORY`` with ``Retry-After``
@@ -23,7 +24,7 @@ import redis.asyncio
 import redis.exceptions
 
 from streamkit import Message, Publisher, StreamKit
-from streamkit.testing import RedisServer, RedisTarget
+from streamkit.testing import RedisCluster, RedisServer, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
 from .support import Admin, eventually, in_process_settings, serving
@@ -72,6 +73,9 @@ async def test_a_full_redis_refuses_publishes_clearly_and_consumers_drain(
             assert pub.retries == retries  # refused at once, not retried
             with pytest.raises(redis.exceptions.OutOfMemoryError):
                 await pub.publish_many([(f"y{i}", {"i": i}) for i in range(5)])
+            # An idempotent publish too: its script is refused at its first write.
+            with pytest.raises(redis.exceptions.OutOfMemoryError):
+                await pub.publish("z", {"n": "z"}, idempotency_id="full-z")
 
             async with httpx.AsyncClient(
                 base_url=coordinator.url, auth=coordinator.member_auth, timeout=10
@@ -100,10 +104,66 @@ async def test_a_full_redis_refuses_publishes_clearly_and_consumers_drain(
             await r.config_set("maxmemory", "0")
             late = await pub.publish("after", {"n": "after"})
             await eventually(lambda: late.record_id in handled, 15, "handled after recovery")
+            # The refused idempotent publish, sent again, appends once (the
+            # refusal left no dedup record behind that would swallow it).
+            again = await pub.publish("z", {"n": "z"}, idempotency_id="full-z")
+            assert not again.deduplicated
+            twice = await pub.publish("z", {"n": "z"}, idempotency_id="full-z")
+            assert twice.deduplicated and twice.record_id == again.record_id
+            await eventually(lambda: again.record_id in handled, 15, "the idempotent retry handled")
     finally:
         await pub.aclose()
         await r.aclose()
 
 
 async def _no_pending(r: Any, shard: int) -> bool:
-    return (await r.xpending(f"{PREFIX}:{shard}", GROUP))["pending"] == 0
+    return bool((await r.xpending(f"{PREFIX}:{shard}", GROUP))["pending"] == 0)
+
+
+async def test_a_coordinator_on_a_full_cluster_answers_with_the_code(
+    redis_cluster: RedisCluster,
+    cluster_url: str,
+    coordinator_factory: Callable[..., CoordinatorProcess],
+) -> None:
+    """On a Redis Cluster the client reaches the full primary through its slot
+    map; the refusal must still come back typed, as 503 REDIS_OUT_OF_MEMORY
+    (not 500), and a write must work again once memory is freed."""
+    coordinator = coordinator_factory(RedisTarget(cluster_url, cluster=True))
+    admin = Admin(coordinator)
+    await admin.create_group(PREFIX, GROUP, 2)
+    primaries = redis_cluster.current_primaries()
+    path = f"/coord/v1/streams/{PREFIX}/groups/{GROUP}/members/m1/heartbeat"
+    join = {
+        "protocolVersion": 1,
+        "requestId": "r",
+        "memberId": "m1",
+        "memberEpoch": 0,
+        "metadataVersion": 0,
+        "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1},
+    }
+    async with httpx.AsyncClient(
+        base_url=coordinator.url, auth=coordinator.member_auth, timeout=10
+    ) as http:
+        try:
+            for node in primaries:  # wherever the group's metadata lives
+                with node.client() as conn:
+                    conn.config_set("maxmemory-policy", "noeviction")
+                    conn.config_set("maxmemory", "1")
+            answer = await http.post(path, json=join)
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["errorCode"] == "REDIS_OUT_OF_MEMORY"
+            assert answer.headers["retry-after"] == "1"
+            created = await admin.request(
+                "POST",
+                f"/streams/{PREFIX}/groups/other",
+                {"initialShardCount": 1, "requestedBy": "t", "reason": "full"},
+            )
+            assert created.status_code == 503, created.text
+            assert created.json()["errorCode"] == "REDIS_OUT_OF_MEMORY"
+        finally:
+            for node in primaries:
+                with node.client() as conn:
+                    conn.config_set("maxmemory", "0")
+        answer = await http.post(path, json=join)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["memberEpoch"] > 0
