@@ -66,6 +66,11 @@ async def test_monitoring_views(
         assert shard1["streamLength"] == 0 and shard1["lag"] == 0
         assert offsets["totalStreamLength"] == 5 and offsets["totalLag"] == 3
         assert offsets["memoryUsageKnown"] is True
+        await r.delete("mon:1")  # a shard stream gone (retired or deleted by hand)
+        gone = (await http.get(f"{MON}/offsets")).json()
+        assert gone["shards"][1]["streamLength"] == 0 and gone["shards"][1]["lag"] is None
+        assert gone["shards"][0]["lag"] == 3 and gone["totalLag"] is None
+        assert gone["memoryUsageKnown"] is False
 
         page = (await http.get(f"{MON}/shards/0/messages", params={"limit": 2})).json()
         assert page["direction"] == "BACKWARD"
