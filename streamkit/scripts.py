@@ -182,26 +182,45 @@ local count = tonumber(ARGV[4])
 -- Bounded by what this call adds (as the one-entry script).
 forget_expired(ARGV[1], count + 8)
 local head = xadd_head(ARGV[3])
-local replies, added, i = {}, 0, 5
+-- Every id's record in one HMGET and every new one in one HSET and one ZADD:
+-- a call from Lua costs about as much as the work of one entry.
+local ids, starts, i = {}, {}, 5
 for c = 1, count do
-  local idem, argc = ARGV[i], tonumber(ARGV[i + 1])
-  local first = redis.call('HGET', KEYS[2], idem)
+  ids[c], starts[c] = ARGV[i], i
+  i = i + 2 + tonumber(ARGV[i + 1])
+end
+local known = {}
+for lo = 1, count, 1000 do
+  local part = redis.call('HMGET', KEYS[2], unpack(ids, lo, math.min(lo + 999, count)))
+  for n = 1, #part do known[lo + n - 1] = part[n] end
+end
+local replies, seen, pairs_, order = {}, {}, {}, {}
+for c = 1, count do
+  local idem = ids[c]
+  local first = seen[idem] or known[c]
   if first then
     replies[c] = {first, 1}
   else
-    local args = {unpack(head)}
+    local s, args = starts[c], {unpack(head)}
     local n = #args
-    for j = 1, argc do args[n + j] = ARGV[i + 1 + j] end
+    for j = 1, tonumber(ARGV[s + 1]) do args[n + j] = ARGV[s + 1 + j] end
     local id = redis.call(unpack(args))
     if id then
-      remember(idem, id)
-      added = added + 1
+      seen[idem] = id
+      pairs_[#pairs_ + 1] = idem
+      pairs_[#pairs_ + 1] = id
+      order[#order + 1] = now
+      order[#order + 1] = idem
       replies[c] = {id, 0}
     else
       replies[c] = false
     end
   end
-  i = i + 2 + argc
+end
+local added = #order / 2
+for lo = 1, #pairs_, 1000 do
+  redis.call('HSET', KEYS[2], unpack(pairs_, lo, math.min(lo + 999, #pairs_)))
+  redis.call('ZADD', KEYS[3], unpack(order, lo, math.min(lo + 999, #order)))
 end
 if added > 0 then bound(ARGV[2]) end
 return replies
