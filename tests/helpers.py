@@ -257,3 +257,25 @@ class AppProcess(ManagedProcess):
     def logs(self, lines: int | None = 80) -> str:
         """The last ``lines`` lines of its output (all of it with ``None``)."""
         return super().logs(lines)
+
+
+# -- markdown tables (the docs tests) -----------------------------------------------------
+
+
+def table_cells(line: str) -> list[str]:
+    """The cells of a markdown table row, without surrounding backticks."""
+    inner = line.strip().strip("|")
+    return [cell.strip().strip("`").strip() for cell in re.split(r"(?<!\\)\|", inner)]
+
+
+def table_rows(path: Path, first_cell: re.Pattern[str]) -> dict[str, list[str]]:
+    """The rows of every table in ``path`` whose first cell matches, by that cell."""
+    rows: dict[str, list[str]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("|"):
+            continue
+        cells = table_cells(line)
+        if cells and first_cell.fullmatch(cells[0]):
+            assert cells[0] not in rows, f"{path.name}: {cells[0]} appears in two table rows"
+            rows[cells[0]] = cells
+    return rows

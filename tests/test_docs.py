@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers import table_cells, table_rows
 from pydantic_core import PydanticUndefined
 
 from streamkit.protocol import HeartbeatStatus
@@ -43,29 +44,11 @@ RESHARDING = DOCS / "resharding.md"
 SERVER = ROOT / "streamkit_server"
 
 
-def _cells(line: str) -> list[str]:
-    """The cells of a markdown table row, without backticks."""
-    inner = line.strip().strip("|")
-    return [cell.strip().strip("`").strip() for cell in re.split(r"(?<!\\)\|", inner)]
-
-
-def _table_rows(path: Path, first_cell: re.Pattern[str]) -> dict[str, list[str]]:
-    rows: dict[str, list[str]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.startswith("|"):
-            continue
-        cells = _cells(line)
-        if cells and first_cell.fullmatch(cells[0]):
-            assert cells[0] not in rows, f"{path.name}: {cells[0]} appears in two table rows"
-            rows[cells[0]] = cells
-    return rows
-
-
 # -- (a) the configuration table ---------------------------------------------------------
 
 
 def _settings_table() -> dict[str, list[str]]:
-    return _table_rows(OPERATIONS, re.compile(r"STREAMKIT_SERVER_[A-Z0-9_]+"))
+    return table_rows(OPERATIONS, re.compile(r"STREAMKIT_SERVER_[A-Z0-9_]+"))
 
 
 def _env(name: str) -> str:
@@ -153,7 +136,7 @@ def _metric_names() -> set[str]:
 
 
 def test_every_metric_is_documented() -> None:
-    documented = set(_table_rows(OPERATIONS, re.compile(r"redis_stream_coord_\w+")))
+    documented = set(table_rows(OPERATIONS, re.compile(r"redis_stream_coord_\w+")))
     actual = _metric_names()
     assert not sorted(actual - documented), (
         f"metrics missing from docs/operations.md: {sorted(actual - documented)}"
@@ -196,7 +179,7 @@ def _documented_codes(path: Path) -> set[str]:
     codes = set()
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.startswith("|"):
-            cells = _cells(line)
+            cells = table_cells(line)
             if len(cells) > 1 and re.fullmatch(r"\d{3}", cells[0]):
                 codes.add(cells[1])
     return codes

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import table_cells, table_rows
 from pydantic_core import PydanticUndefined
 
 from streamkit.app import StreamKit
@@ -43,24 +44,6 @@ GETTING_STARTED = DOCS / "getting-started.md"
 README = ROOT / "README.md"
 
 _CLIENT_SETTING = re.compile(r"STREAMKIT_(?!SERVER_)[A-Z0-9_]+")
-
-
-def _cells(line: str) -> list[str]:
-    """The cells of a markdown table row, without surrounding backticks."""
-    inner = line.strip().strip("|")
-    return [cell.strip().strip("`").strip() for cell in re.split(r"(?<!\\)\|", inner)]
-
-
-def _rows(path: Path, first_cell: re.Pattern[str]) -> dict[str, list[str]]:
-    rows: dict[str, list[str]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.startswith("|"):
-            continue
-        cells = _cells(line)
-        if cells and first_cell.fullmatch(cells[0]):
-            assert cells[0] not in rows, f"{path.name}: {cells[0]} appears in two table rows"
-            rows[cells[0]] = cells
-    return rows
 
 
 def _env(name: str) -> str:
@@ -79,7 +62,7 @@ def _documented_default(value: Any) -> str:
 
 
 def _settings_rows() -> dict[str, list[str]]:
-    return _rows(CONSUMER, _CLIENT_SETTING)
+    return table_rows(CONSUMER, _CLIENT_SETTING)
 
 
 def test_every_client_setting_is_in_the_consumer_guide() -> None:
@@ -125,7 +108,7 @@ def test_listener_options_are_known() -> None:
 
 @pytest.mark.parametrize("name", sorted(_LISTENER_OPTIONS))
 def test_listener_option_is_documented(name: str) -> None:
-    rows = _rows(CONSUMER, re.compile(re.escape(name)))
+    rows = table_rows(CONSUMER, re.compile(re.escape(name)))
     assert name in rows, f"docs/consumer.md lacks a row for the listener option {name!r}"
     row = rows[name]
     assert len(row) == 3 and row[2], f"row of {name!r} should be: option | default | meaning"
@@ -138,13 +121,13 @@ def test_listener_option_is_documented(name: str) -> None:
 
 
 def _vector_rows() -> dict[str, list[str]]:
-    return _rows(PRODUCER, re.compile(r'"[^"]*"'))
+    return table_rows(PRODUCER, re.compile(r'"[^"]*"'))
 
 
 def test_routing_vectors_match_shard_for_key() -> None:
     rows = _vector_rows()
     header = next(
-        _cells(line)
+        table_cells(line)
         for line in PRODUCER.read_text(encoding="utf-8").splitlines()
         if line.startswith("| partition key |")
     )
@@ -159,7 +142,7 @@ def test_routing_vectors_match_shard_for_key() -> None:
 
 @pytest.mark.parametrize("name", ["routing_refresh_interval", "routing_lease"])
 def test_routing_settings_in_the_producer_guide(name: str) -> None:
-    row = _rows(PRODUCER, re.compile(re.escape(_env(name)))).get(_env(name))
+    row = table_rows(PRODUCER, re.compile(re.escape(_env(name)))).get(_env(name))
     assert row is not None, f"docs/producer.md lacks {_env(name)}"
     assert row[1] == _documented_default(StreamKitSettings.model_fields[name].default)
 
