@@ -7,42 +7,29 @@ other principals or the heartbeats of members already joined."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 import httpx
+from two_principals import API, A, B, heartbeat, start
 
-from streamkit.testing import RedisServer, RedisTarget
+from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
-from streamkit_server.auth.principals import hash_password
 
-API = "/coord/v1"
-PASSWORDS = {"svc-a": "pw-a-4c1e", "svc-b": "pw-b-8d3a"}
 LIMIT = 3
 
 
 def _hb(member: str, epoch: int, **extra: Any) -> dict[str, Any]:
-    return {"protocolVersion": 1, "requestId": "r", "memberId": member, "memberEpoch": epoch,
-            "metadataVersion": 0, "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1},
-            "incarnation": f"inc-{member}", **extra}  # fmt: skip
+    return heartbeat(member, epoch, incarnation=f"inc-{member}", **extra)
 
 
 async def test_a_loop_of_joins_is_limited_per_principal(
     private_redis_server: RedisServer, coordinator_factory: Callable[..., CoordinatorProcess]
 ) -> None:
-    principals = [
-        {"username": name, "passwordHash": hash_password(pw), "roles": ["MEMBER"]}
-        for name, pw in PASSWORDS.items()
-    ]
-    coord = coordinator_factory(
-        RedisTarget(private_redis_server.url, cluster=False),
-        env={
-            "STREAMKIT_SERVER_PRINCIPALS": json.dumps(principals),
-            "STREAMKIT_SERVER_JOINS_PER_MINUTE": str(LIMIT),
-        },
+    coord = start(
+        private_redis_server, coordinator_factory, STREAMKIT_SERVER_JOINS_PER_MINUTE=str(LIMIT)
     )
-    a, b = (("svc-a", PASSWORDS["svc-a"]), ("svc-b", PASSWORDS["svc-b"]))
+    a, b = A, B
     group = f"{API}/streams/joins/groups/g"
     async with httpx.AsyncClient(base_url=coord.url, timeout=10) as http:
         created = await http.post(

@@ -4,38 +4,21 @@ the probe freed a member's shards this way with any MEMBER credential."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from typing import Any
 
 import httpx
+from two_principals import API, A, B, start
+from two_principals import heartbeat as _hb
 
-from streamkit.testing import RedisServer, RedisTarget
+from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
-from streamkit_server.auth.principals import hash_password
-
-API = "/coord/v1"
-PASSWORDS = {"svc-a": "pw-a-9f1c", "svc-b": "pw-b-2e7d"}
-
-
-def _hb(member: str, epoch: int, **extra: Any) -> dict[str, Any]:
-    return {"protocolVersion": 1, "requestId": "r", "memberId": member, "memberEpoch": epoch,
-            "metadataVersion": 0, "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1},
-            **extra}  # fmt: skip
 
 
 async def test_only_the_joining_principal_can_leave_a_member_without_incarnation(
     private_redis_server: RedisServer, coordinator_factory: Callable[..., CoordinatorProcess]
 ) -> None:
-    principals = [
-        {"username": name, "passwordHash": hash_password(pw), "roles": ["MEMBER"]}
-        for name, pw in PASSWORDS.items()
-    ]
-    coord = coordinator_factory(
-        RedisTarget(private_redis_server.url, cluster=False),
-        env={"STREAMKIT_SERVER_PRINCIPALS": json.dumps(principals)},
-    )
-    a, b = (("svc-a", PASSWORDS["svc-a"]), ("svc-b", PASSWORDS["svc-b"]))
+    coord = start(private_redis_server, coordinator_factory)
+    a, b = A, B
     group = f"{API}/streams/principals/groups/g"
     async with httpx.AsyncClient(base_url=coord.url, timeout=10) as http:
         created = await http.post(
