@@ -34,7 +34,6 @@ from streamkit_server.api.guards import (
     RequestIdMiddleware,
     SameOriginMiddleware,
 )
-from streamkit_server.api.heartbeat_path import CoordinatorApp, HeartbeatPath
 from streamkit_server.api.links import add_links
 from streamkit_server.coordination.autoscaling import LagSampler
 from streamkit_server.runtime import Runtime
@@ -100,7 +99,7 @@ def create_app(
             await sampler.stop()
             await runtime.stop()
 
-    app = CoordinatorApp(
+    app = FastAPI(
         title="Redis Stream Coordinator API (streamkit)",
         version="v1",
         lifespan=lifespan,
@@ -112,8 +111,6 @@ def create_app(
     app.router.redirect_slashes = False
     app.state.runtime = runtime
     install_error_handlers(app)
-    # Innermost: heartbeats are still capped, audited and timed (see its docstring).
-    app.add_middleware(HeartbeatPath, runtime=runtime)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(BodyDeadlineMiddleware, timeout_s=settings.body_timeout_ms / 1000)
     # Form posts from foreign pages (cached Basic credentials): refused, and audited.
@@ -125,8 +122,10 @@ def create_app(
     # Outermost: nothing downstream (log, audit record, audit stream) sees an
     # X-Request-Id of unsafe shape or size.
     app.add_middleware(RequestIdMiddleware)
-    for module in (auth, admin, resharding, retention, members, monitoring, dead_letters,
-                   performance, grafana, autoscaling):  # fmt: skip
+    # First: heartbeats are nearly every request, matched before any other route.
+    members.add_heartbeat_route(app)
+    for module in (auth, admin, resharding, retention, monitoring, dead_letters, performance,
+                   grafana, autoscaling):  # fmt: skip
         app.include_router(module.router)
     mount_console(app)
 
