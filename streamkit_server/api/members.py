@@ -1,26 +1,26 @@
 """The member API: ``sendConsumerHeartbeat``, the request a coordinator serves most.
 
-One request path: a route of the app's own router, ahead of every other
-route, whose ``handle`` is a plain ASGI handler.  FastAPI declares the
-operation (parameters, body and answers go into the OpenAPI document from
-``heartbeat``'s signature) and sets ``scope["route"]`` when it matches, so
-request metrics and the audit log label heartbeats by their operationId;
-what FastAPI would do per request besides (the dependency solver, response
-validation, a ``Response`` object) costs more than the heartbeat's own work
-and is done here by hand, with the same rules in the same order as every
+One request path.  The route is declared like any other (the OpenAPI
+document describes it from ``heartbeat``'s signature), and its ``handle``,
+the ASGI interface every Starlette route has, serves every heartbeat: what
+FastAPI would do per request besides (the dependency solver, response
+validation, a ``Response`` object) costs more than the heartbeat's own work,
+so it is done here by hand, with the same rules in the same order as every
 other route: authenticate and authorize (``deps.authorize``: Bearer, Basic
-with its login limiter, the insecure member switch), count against the
-group's rate limit, validate the body and the member id, then
-``CoordinatorService.heartbeat``.  Refusals are raised, and the app's
-exception handlers (api/errors.py) answer them as ``ErrorResponse``.
+with its login limiter, the insecure member switch, the group's rate
+limit), validate the names, the body and the member id, then
+``CoordinatorService.heartbeat``.  Refusals are answered as ``ErrorResponse``
+by the app's exception handlers (api/errors.py), whoever called ``handle``:
+the router, or the app's entry (api/entry.py), which sends heartbeats
+straight here from behind the coordinator's middlewares.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
@@ -28,27 +28,31 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from streamkit.protocol import API_PREFIX, ErrorResponse, HeartbeatAnswer, HeartbeatResponse
+from streamkit.protocol import (
+    API_PREFIX,
+    ErrorResponse,
+    HeartbeatAnswer,
+    HeartbeatResponse,
+)
 from streamkit_server.api.bodies import HeartbeatRequest
-from streamkit_server.api.deps import authorize, keys_for, runtime
+from streamkit_server.api.deps import (
+    AUTHORIZE,
+    Caller,
+    authorize,
+    group_keys,
+    keys_for,
+    rate_limit_join,
+    runtime,
+)
 from streamkit_server.api.errors import is_json
+from streamkit_server.store.keys import GroupKeys
 from streamkit_server.store.provisioning import validate_member_id
 
-__all__ = ["OPERATION_ID", "PATH", "HeartbeatRoute", "add_heartbeat_route", "answer_json"]
+__all__ = ["OPERATION_ID", "HeartbeatRoute", "answer_json", "heartbeat_route", "router"]
 
 #: The heartbeat's operationId (also the access matrix's key).
 OPERATION_ID = "sendConsumerHeartbeat"
-_GROUP = f"{API_PREFIX}/streams/{{streamPrefix}}/groups/{{consumerGroup}}"
-PATH = f"{_GROUP}/members/{{memberId}}/heartbeat"
 _JSON_HEADERS = [(b"content-type", b"application/json")]
-
-
-# Declares the operation for the OpenAPI document (its name is the summary, so
-# no docstring); ``HeartbeatRoute.handle`` serves it.
-async def heartbeat(
-    memberId: str, streamPrefix: str, consumerGroup: str, body: HeartbeatRequest
-) -> HeartbeatResponse:
-    raise NotImplementedError  # pragma: no cover - never called
 
 
 class HeartbeatRoute(APIRoute):
@@ -58,32 +62,87 @@ class HeartbeatRoute(APIRoute):
     _lease_field = b""
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["method"] != "POST":  # matched by path alone: Starlette's 405
-            raise HTTPException(405, headers={"Allow": "POST"})
         request = Request(scope, receive)
-        # Role, scope and the group's rate limit (deps.authorize).
-        principal = await authorize(request)
-        params = scope["path_params"]
-        # Names before the body, as FastAPI ran ``group_keys`` before validating
-        # it (and with the insecure member switch, where no rate limit checks them).
-        keys = keys_for(request, params["streamPrefix"], params["consumerGroup"])
-        body = await _parse(request)
-        member_id = params["memberId"]
-        validate_member_id(member_id)
-        service = runtime(request).service
-        # The member is bound to this name (None: the insecure member switch).
-        name = None if principal is None else principal.username
-        decided = await service.heartbeat(keys, member_id, body, name)
-        answer = self._answer(decided, service.config.member_lease_ttl_ms)
+        try:
+            answer = await self._answer(request)
+        except Exception as exc:
+            await _render(request, exc, send)
+            return
         headers = [(b"content-length", str(len(answer)).encode()), *_JSON_HEADERS]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": answer})
 
-    def _answer(self, decided: HeartbeatResponse, lease_ttl_ms: int) -> bytes:
+    async def _answer(self, request: Request) -> bytes:
+        scope = request.scope
+        if scope["method"] != "POST":  # matched by path alone: Starlette's 405
+            raise HTTPException(405, headers={"Allow": "POST"})
+        # FastAPI's order: the body is read (and JSON that does not parse is
+        # refused) before the route's checks, so the audit log sees its hash.
+        raw = await _read_body(request.receive)
+        content_type = request.headers.get("content-type")
+        body = _model(raw, content_type)
+        value = None if body is not None else _decode(raw, content_type)
+        # Role, scope and the group's rate limit (deps.authorize).
+        principal = await authorize(request)
+        params = scope["path_params"]
+        # Names before the body's fields, as FastAPI ran ``group_keys`` before
+        # validating them (and with the insecure member switch, where no rate
+        # limit checks the names).
+        keys = keys_for(request, params["streamPrefix"], params["consumerGroup"])
+        if body is None:
+            body = _validate(value)
+        member_id = params["memberId"]
+        validate_member_id(member_id)
+        rt = runtime(request)
+        # The member is bound to this name (None: the insecure member switch).
+        name = None if principal is None else principal.username
+        await rate_limit_join(rt, name, body)
+        service = rt.service
+        decided = await service.heartbeat(keys, member_id, body, name)
+        return self._answer_json(decided, service.config.member_lease_ttl_ms)
+
+    def _answer_json(self, decided: HeartbeatResponse, lease_ttl_ms: int) -> bytes:
         if lease_ttl_ms != self._lease_ttl_ms:
             self._lease_field = _lease_field(lease_ttl_ms)
             self._lease_ttl_ms = lease_ttl_ms
         return answer_json(decided, self._lease_field)
+
+
+router = APIRouter(
+    prefix=API_PREFIX, tags=["Members"], dependencies=[AUTHORIZE], route_class=HeartbeatRoute
+)
+
+
+# Declares the operation for the OpenAPI document (parameters, body, answer);
+# ``HeartbeatRoute.handle`` serves it, so this is never called.
+@router.post(
+    "/streams/{streamPrefix}/groups/{consumerGroup}/members/{memberId}/heartbeat",
+    operation_id=OPERATION_ID,
+    response_model=HeartbeatResponse,
+    responses={
+        400: {"model": ErrorResponse, "description": "Invalid request."},
+        404: {"model": ErrorResponse, "description": "Group not found (never auto-created)."},
+        409: {
+            "model": ErrorResponse,
+            "description": "MEMBER_ID_IN_USE: a live process of another incarnation holds "
+            "this member id (streamkit clients only).",
+        },
+        503: {"model": ErrorResponse, "description": "Coordinator terminating; retry another."},
+    },
+)
+async def heartbeat(
+    memberId: str,
+    body: HeartbeatRequest,
+    keys: Annotated[GroupKeys, Depends(group_keys)],
+    caller: Caller,
+) -> HeartbeatResponse:
+    raise NotImplementedError  # pragma: no cover - HeartbeatRoute.handle answers
+
+
+def heartbeat_route() -> HeartbeatRoute:
+    """The route object (the app's entry dispatches to it)."""
+    (route,) = (r for r in router.routes if isinstance(r, HeartbeatRoute))
+    return route
 
 
 def _lease_field(lease_ttl_ms: int) -> bytes:
@@ -100,35 +159,51 @@ def answer_json(decided: HeartbeatResponse, lease_field: bytes) -> bytes:
     return decided.model_dump_json(by_alias=True).encode()[:-1] + lease_field
 
 
-async def _parse(request: Request) -> HeartbeatRequest:
-    raw = await request.body()  # the body limit's 413 is raised from here
-    content_type = request.headers.get("content-type")
+async def _read_body(receive: Receive) -> bytes:
+    """The whole body (the body limit's 413 and the deadline's 408 are raised from here)."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break  # a disconnect: nothing to answer
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _model(raw: bytes, content_type: str | None) -> HeartbeatRequest | None:
+    """The body, validated in one pass; None if it is not a valid JSON heartbeat."""
     if raw and content_type and is_json(content_type):
         try:
             return HeartbeatRequest.model_validate_json(raw)
         except ValidationError:
-            pass  # described below, as FastAPI describes a body it refuses
-    return _as_fastapi(raw, content_type)
+            pass  # described by _decode and _validate, as FastAPI describes it
+    return None
 
 
-def _as_fastapi(raw: bytes, content_type: str | None) -> HeartbeatRequest:
-    """Validate ``raw`` as FastAPI validates a JSON body parameter, with its errors:
-    a body that is missing, not JSON or not sent as JSON is refused with the
-    same ``RequestValidationError`` any other route's would be."""
-    value: Any = None
-    if raw:
-        value = raw  # FastAPI parses JSON media types only
-        if content_type and is_json(content_type):
-            try:
-                value = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                error = {
-                    "type": "json_invalid", "loc": ("body", exc.pos),
-                    "msg": "JSON decode error", "input": {}, "ctx": {"error": exc.msg},
-                }  # fmt: skip
-                raise RequestValidationError([error]) from None
-            except (ValueError, RecursionError):  # not UTF-8, or nested too deep
-                raise HTTPException(400, "There was an error parsing the body") from None
+def _decode(raw: bytes, content_type: str | None) -> Any:
+    """The body as FastAPI decodes a JSON body parameter, with its errors: JSON
+    that does not parse is refused with the same ``RequestValidationError`` (or
+    ``HTTPException``) any other route's would be."""
+    if not raw:
+        return None
+    if not (content_type and is_json(content_type)):
+        return raw  # FastAPI parses JSON media types only
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        error = {
+            "type": "json_invalid", "loc": ("body", exc.pos),
+            "msg": "JSON decode error", "input": {}, "ctx": {"error": exc.msg},
+        }  # fmt: skip
+        raise RequestValidationError([error]) from None
+    except (ValueError, RecursionError):  # not UTF-8, or nested too deep
+        raise HTTPException(400, "There was an error parsing the body") from None
+
+
+def _validate(value: Any) -> HeartbeatRequest:
+    """``value`` validated as FastAPI validates a body parameter, with its errors."""
     if value is None:
         missing = {"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}
         raise RequestValidationError([missing])
@@ -139,24 +214,13 @@ def _as_fastapi(raw: bytes, content_type: str | None) -> HeartbeatRequest:
         raise RequestValidationError(errors) from None
 
 
-def add_heartbeat_route(app: FastAPI) -> None:
-    """Add the heartbeat route; call it before any other, so it is matched first."""
-    app.router.add_api_route(
-        PATH,
-        heartbeat,
-        methods=["POST"],
-        operation_id=OPERATION_ID,
-        tags=["Members"],
-        response_model=HeartbeatResponse,
-        route_class_override=HeartbeatRoute,
-        responses={
-            400: {"model": ErrorResponse, "description": "Invalid request."},
-            404: {"model": ErrorResponse, "description": "Group not found (never auto-created)."},
-            409: {
-                "model": ErrorResponse,
-                "description": "MEMBER_ID_IN_USE: a live process of another incarnation holds "
-                "this member id (streamkit clients only).",
-            },
-            503: {"model": ErrorResponse, "description": "Coordinator terminating; retry another."},
-        },
-    )
+async def _render(request: Request, exc: Exception, send: Send) -> None:
+    """Answer ``exc`` with the handler the app registered for it (api/errors.py)."""
+    handlers: dict[Any, Any] = request.app.exception_handlers
+    for cls in type(exc).__mro__:
+        handler = handlers.get(cls)
+        if handler is not None:
+            response = await handler(request, exc)
+            await response(request.scope, request.receive, send)
+            return
+    raise exc  # pragma: no cover - api/errors.py registers a handler for Exception

@@ -35,7 +35,9 @@ from streamkit.protocol import (
 from streamkit.testing import RedisServer, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit_server.api import create_app
-from streamkit_server.api.members import OPERATION_ID, HeartbeatRoute
+from streamkit_server.api.entry import CoordinatorApp
+from streamkit_server.api.guards import RequestIdMiddleware
+from streamkit_server.api.members import OPERATION_ID, heartbeat_route
 from streamkit_server.settings import ServerSettings
 from tests.coordinator_fixtures import CoordinatorPool
 
@@ -243,11 +245,13 @@ def test_invalid_bearer_heartbeats_are_refused(served: Served) -> None:
     assert ok.status_code == 200, ok.text
 
 
-async def test_heartbeats_are_timed_audited_and_matched_first(
+async def test_heartbeats_are_timed_audited_and_tried_first(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """In process: the heartbeat route is the router's first, its requests are
-    timed under the operationId and a refused one is audited."""
+    """In process: the app's entry tries the heartbeat route first, under the
+    coordinator's middlewares (the request-id guard outermost), so heartbeats
+    are timed under the operationId, a refused one is audited with a safe
+    request id, and another method gets the ErrorResponse 405."""
     # A Redis of its own: the session's runs coordinators with other timings.
     with RedisServer() as redis:
         await _through_the_app(redis.url, caplog)
@@ -255,10 +259,9 @@ async def test_heartbeats_are_timed_audited_and_matched_first(
 
 async def _through_the_app(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
     app = create_app(ServerSettings(redis_url=redis_url), admin_password="pw", token_secret=b"s")
-    # Matched first, after FastAPI's own document routes.
-    first = next(i for i, r in enumerate(app.router.routes) if isinstance(r, HeartbeatRoute))
-    before = [getattr(r, "path", None) for r in app.router.routes[:first]]
-    assert set(before) <= {"/openapi.json", "/docs", "/docs/oauth2-redirect"}, before
+    assert isinstance(app, CoordinatorApp)
+    assert app.first is heartbeat_route()
+    assert app.outer[0].cls is RequestIdMiddleware
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://coord") as http:
@@ -278,13 +281,20 @@ async def _through_the_app(redis_url: str, caplog: pytest.LogCaptureFixture) -> 
             assert ok.json()["memberLeaseTtlMs"] == ttl
             with caplog.at_level(logging.INFO, logger="streamkit_server.audit"):
                 refused = await http.post(
-                    path, json=_body("m0", 0, []), headers={"authorization": "Bearer nope"}
+                    path,
+                    json=_body("m0", 0, []),
+                    headers={"authorization": "Bearer nope", "x-request-id": "a\tb"},
                 )
             assert refused.status_code == 401
             audited = [json.loads(r.getMessage()) for r in caplog.records]
             assert [(a["action"], a["kind"], a["status"]) for a in audited] == [
                 ("sendConsumerHeartbeat", "refusal", 401)
             ]
+            assert audited[0]["requestId"].startswith("gen-")
+            other = await http.put(path, json=_body("m0", 0, []), headers=bearer)
+            assert other.status_code == 405, other.text
+            assert other.json()["errorCode"] == "METHOD_NOT_ALLOWED"
+            assert other.headers["allow"] == "POST"
             metrics = (await http.get("/metrics", auth=("admin", "pw"))).text
     counted = {
         status: float(m.group(1))
@@ -312,11 +322,9 @@ def test_the_answer_is_the_answer_models_json(assigned: list[int] | None) -> Non
         response_to="r-1", status=HeartbeatStatus.OK, member_id="m-\u00e9", member_epoch=4,
         heartbeat_interval_ms=3000, rebalance_timeout_ms=60_000, assignment=assignment,
     )  # fmt: skip
-    route = next(r for r in create_app(
-        ServerSettings(), admin_password="pw", token_secret=b"s"
-    ).router.routes if isinstance(r, HeartbeatRoute))  # fmt: skip
+    route = heartbeat_route()
     expected = HeartbeatAnswer(**dict(decided), member_lease_ttl_ms=15_000)
     for ttl in (15_000, 15_000):  # computed once, then reused
-        assert route._answer(decided, ttl) == expected.model_dump_json(by_alias=True).encode()
+        assert route._answer_json(decided, ttl) == expected.model_dump_json(by_alias=True).encode()
     other = HeartbeatAnswer(**dict(decided), member_lease_ttl_ms=9)
-    assert route._answer(decided, 9) == other.model_dump_json(by_alias=True).encode()
+    assert route._answer_json(decided, 9) == other.model_dump_json(by_alias=True).encode()
