@@ -403,6 +403,20 @@ async def _ratio_only(seconds: float) -> None:
               f"by coordinator CPU per request: {trivial.cpu_ms / hb.cpu_ms:.2f}")  # fmt: skip
 
 
+async def _sizes_only(seconds: float) -> None:
+    """1 x 1,000 against 1 x 10 only (16 shards each, 10 in flight): the group-size
+    figure without the 10 x 100, 1,000-shard and fleet scenarios."""
+    with RedisServer() as redis, CoordinatorProcess(
+        redis.url, heartbeat_interval_ms=3000, member_lease_ttl_ms=60_000,
+        rebalance_timeout_ms=60_000, tick_interval_ms=1000,
+    ) as coord:  # fmt: skip
+        (big,) = await _scenario(redis.url, coord, 1, 1000, seconds, False, concurrency=10)
+        (small,) = await _scenario(redis.url, coord, 1, 10, seconds, trivial_too=False)
+    print(big.line())
+    print(small.line())
+    print(f"1x1000 vs 1x10 per-heartbeat server CPU ratio: {big.cpu_ms / small.cpu_ms:.2f}")
+
+
 async def _main(seconds: float) -> None:
     print(f"machine: {os.cpu_count()} cores; closed loop, {CONNECTIONS} keep-alive connections; "
           f"client, coordinator and redis-server share the machine; {AUTH_SCHEME} "
@@ -446,6 +460,9 @@ def main() -> None:
         "--ratio-only", action="store_true", help="only heartbeat vs trivial, twice, 2 x 50"
     )
     parser.add_argument(
+        "--sizes-only", action="store_true", help="only 1 x 1,000 against 1 x 10"
+    )
+    parser.add_argument(
         "--profile", metavar="DIR", help="record the coordinator with py-spy per scenario"
     )
     parser.add_argument(
@@ -462,6 +479,8 @@ def main() -> None:
         asyncio.run(_fleet_only(args.seconds, args.fleet_members))
     elif args.ratio_only:
         asyncio.run(_ratio_only(args.seconds))
+    elif args.sizes_only:
+        asyncio.run(_sizes_only(args.seconds))
     else:
         asyncio.run(_main(args.seconds))
 
