@@ -38,13 +38,14 @@ from streamkit_server.api.bodies import HeartbeatRequest
 from streamkit_server.api.deps import (
     AUTHORIZE,
     Caller,
-    authorize,
+    authorize_as,
     group_keys,
-    keys_for,
     rate_limit_join,
     runtime,
+    valid_keys,
 )
 from streamkit_server.api.errors import is_json
+from streamkit_server.auth.access import required_role
 from streamkit_server.store.keys import GroupKeys
 from streamkit_server.store.provisioning import validate_member_id
 
@@ -82,18 +83,20 @@ class HeartbeatRoute(APIRoute):
         content_type = request.headers.get("content-type")
         body = _model(raw, content_type)
         value = None if body is not None else _decode(raw, content_type)
-        # Role, scope and the group's rate limit (deps.authorize).
-        principal = await authorize(request)
+        # Role, scope and the group's rate limit (deps.authorize, with the
+        # route's role and names known here).
         params = scope["path_params"]
+        prefix, group = params["streamPrefix"], params["consumerGroup"]
+        rt = runtime(request)
+        principal = await authorize_as(request, rt, required_role(OPERATION_ID), prefix, group)
         # Names before the body's fields, as FastAPI ran ``group_keys`` before
         # validating them (and with the insecure member switch, where no rate
         # limit checks the names).
-        keys = keys_for(request, params["streamPrefix"], params["consumerGroup"])
+        keys = valid_keys(rt, prefix, group)
         if body is None:
             body = _validate(value)
         member_id = params["memberId"]
         validate_member_id(member_id)
-        rt = runtime(request)
         # The member is bound to this name (None: the insecure member switch).
         name = None if principal is None else principal.username
         await rate_limit_join(rt, name, body)
