@@ -10,6 +10,8 @@ is what bounds the coordinator's throughput on a machine where the client and
 redis-server take their share of the cores.
 
 Run: python bench/heartbeat.py [--seconds 10]   (about a minute in total)
+     python bench/heartbeat.py --ratio-only --seconds 5   (heartbeat vs trivial only)
+     python bench/heartbeat.py --sizes-only --seconds 5   (1 x 1,000 vs 1 x 10 only)
      python bench/heartbeat.py --profile /tmp/spy   (py-spy on PATH: ``pip install
      py-spy``; one collapsed-stack file of the coordinator per scenario)
 
@@ -459,9 +461,7 @@ def main() -> None:
     parser.add_argument(
         "--ratio-only", action="store_true", help="only heartbeat vs trivial, twice, 2 x 50"
     )
-    parser.add_argument(
-        "--sizes-only", action="store_true", help="only 1 x 1,000 against 1 x 10"
-    )
+    parser.add_argument("--sizes-only", action="store_true", help="only 1 x 1,000 against 1 x 10")
     parser.add_argument(
         "--profile", metavar="DIR", help="record the coordinator with py-spy per scenario"
     )
