@@ -2,17 +2,17 @@
 
 One request path.  The route is declared like any other (the OpenAPI
 document describes it from ``heartbeat``'s signature), and its ``handle``,
-the ASGI interface every Starlette route has, serves every heartbeat: what
+the ASGI interface every Starlette route has, serves every heartbeat.  What
 FastAPI would do per request besides (the dependency solver, response
 validation, a ``Response`` object) costs more than the heartbeat's own work,
-so it is done here by hand, with the same rules in the same order as every
-other route: authenticate and authorize (``deps.authorize``: Bearer, Basic
-with its login limiter, the insecure member switch, the group's rate
-limit), validate the names, the body and the member id, then
-``CoordinatorService.heartbeat``.  Refusals are answered as ``ErrorResponse``
-by the app's exception handlers (api/errors.py), whoever called ``handle``:
-the router, or the app's entry (api/entry.py), which sends heartbeats
-straight here from behind the coordinator's middlewares.
+so it is done here by hand, with the same rules in FastAPI's order: read the
+body (JSON that does not parse is refused first), authenticate and authorize
+(``deps.authorize_as``: Bearer, Basic with its login limiter, the insecure
+member switch, the scope, the group's rate limit), validate the names, the
+body and the member id, count a join, then ``CoordinatorService.heartbeat``.
+Refusals are answered as ``ErrorResponse`` by the app's exception handlers
+(api/errors.py).  The app's entry (api/entry.py) sends heartbeats straight
+here from behind the coordinator's middlewares; the router never sees one.
 """
 
 from __future__ import annotations
