@@ -10,6 +10,8 @@ is what bounds the coordinator's throughput on a machine where the client and
 redis-server take their share of the cores.
 
 Run: python bench/heartbeat.py [--seconds 10]   (about a minute in total)
+     python bench/heartbeat.py --ratio-only --seconds 5   (heartbeat vs trivial only)
+     python bench/heartbeat.py --sizes-only --seconds 5   (1 x 1,000 vs 1 x 10 only)
      python bench/heartbeat.py --profile /tmp/spy   (py-spy on PATH: ``pip install
      py-spy``; one collapsed-stack file of the coordinator per scenario)
 
@@ -388,6 +390,35 @@ async def _fleet_only(seconds: float, members: int) -> None:
         print((await _paced_fleet(coord, max(seconds, 12.0), members)).line())
 
 
+async def _ratio_only(seconds: float) -> None:
+    """Heartbeat against trivial only, twice, on 2 x 50 members: minutes shorter
+    than the whole run (no 1,000-member groups to settle), for a loaded machine."""
+    with RedisServer() as redis, CoordinatorProcess(
+        redis.url, heartbeat_interval_ms=3000, member_lease_ttl_ms=60_000,
+        rebalance_timeout_ms=60_000, tick_interval_ms=1000,
+    ) as coord:  # fmt: skip
+        pairs = [await _scenario(redis.url, coord, 2, 50, seconds, True) for _ in range(2)]
+    for hb, trivial in pairs:
+        print(hb.line())
+        print(trivial.line())
+        print(f"heartbeat/trivial throughput ratio: {hb.rate / trivial.rate:.2f}; "
+              f"by coordinator CPU per request: {trivial.cpu_ms / hb.cpu_ms:.2f}")  # fmt: skip
+
+
+async def _sizes_only(seconds: float) -> None:
+    """1 x 1,000 against 1 x 10 only (16 shards each, 10 in flight): the group-size
+    figure without the 10 x 100, 1,000-shard and fleet scenarios."""
+    with RedisServer() as redis, CoordinatorProcess(
+        redis.url, heartbeat_interval_ms=3000, member_lease_ttl_ms=60_000,
+        rebalance_timeout_ms=60_000, tick_interval_ms=1000,
+    ) as coord:  # fmt: skip
+        (big,) = await _scenario(redis.url, coord, 1, 1000, seconds, False, concurrency=10)
+        (small,) = await _scenario(redis.url, coord, 1, 10, seconds, trivial_too=False)
+    print(big.line())
+    print(small.line())
+    print(f"1x1000 vs 1x10 per-heartbeat server CPU ratio: {big.cpu_ms / small.cpu_ms:.2f}")
+
+
 async def _main(seconds: float) -> None:
     print(f"machine: {os.cpu_count()} cores; closed loop, {CONNECTIONS} keep-alive connections; "
           f"client, coordinator and redis-server share the machine; {AUTH_SCHEME} "
@@ -428,6 +459,10 @@ def main() -> None:
     parser.add_argument("--fleet-only", action="store_true", help="only the paced fleet")
     parser.add_argument("--fleet-members", type=int, default=1024, help="with --fleet-only")
     parser.add_argument(
+        "--ratio-only", action="store_true", help="only heartbeat vs trivial, twice, 2 x 50"
+    )
+    parser.add_argument("--sizes-only", action="store_true", help="only 1 x 1,000 against 1 x 10")
+    parser.add_argument(
         "--profile", metavar="DIR", help="record the coordinator with py-spy per scenario"
     )
     parser.add_argument(
@@ -442,6 +477,10 @@ def main() -> None:
         os.makedirs(PROFILE_DIR, exist_ok=True)
     if args.fleet_only:
         asyncio.run(_fleet_only(args.seconds, args.fleet_members))
+    elif args.ratio_only:
+        asyncio.run(_ratio_only(args.seconds))
+    elif args.sizes_only:
+        asyncio.run(_sizes_only(args.seconds))
     else:
         asyncio.run(_main(args.seconds))
 

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.middleware import Middleware
 
 from streamkit.protocol import HealthStatus
 from streamkit_server.api import (
@@ -28,13 +29,13 @@ from streamkit_server.api import (
 from streamkit_server.api.audit import AuditMiddleware
 from streamkit_server.api.console import mount_console
 from streamkit_server.api.deps import authorize
+from streamkit_server.api.entry import CoordinatorApp
 from streamkit_server.api.errors import BodyLimitMiddleware, install_error_handlers
 from streamkit_server.api.guards import (
     BodyDeadlineMiddleware,
     RequestIdMiddleware,
     SameOriginMiddleware,
 )
-from streamkit_server.api.heartbeat_path import CoordinatorApp, HeartbeatPath
 from streamkit_server.api.links import add_links
 from streamkit_server.coordination.autoscaling import LagSampler
 from streamkit_server.runtime import Runtime
@@ -100,7 +101,25 @@ def create_app(
             await sampler.stop()
             await runtime.stop()
 
+    # The coordinator's own middlewares, outermost first; they wrap the whole
+    # app, heartbeats included (api/entry.py).
+    outer = [
+        # Outermost: nothing downstream (log, audit record, audit stream) sees
+        # an X-Request-Id of unsafe shape or size.
+        Middleware(RequestIdMiddleware),
+        # Outside even the audit: its time is part of what a client waits for.
+        Middleware(performance.RequestMetricsMiddleware, metrics=runtime.metrics),
+        # Outside the body limit, so it also sees its 413s.
+        Middleware(AuditMiddleware),
+        # Form posts from foreign pages (cached Basic credentials): refused, and audited.
+        Middleware(SameOriginMiddleware),
+        Middleware(BodyDeadlineMiddleware, timeout_s=settings.body_timeout_ms / 1000),
+        Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
+    ]
     app = CoordinatorApp(
+        outer=outer,
+        # Heartbeats are nearly every request: their route is tried first.
+        first=members.heartbeat_route(),
         title="Redis Stream Coordinator API (streamkit)",
         version="v1",
         lifespan=lifespan,
@@ -112,19 +131,6 @@ def create_app(
     app.router.redirect_slashes = False
     app.state.runtime = runtime
     install_error_handlers(app)
-    # Innermost: heartbeats are still capped, audited and timed (see its docstring).
-    app.add_middleware(HeartbeatPath, runtime=runtime)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(BodyDeadlineMiddleware, timeout_s=settings.body_timeout_ms / 1000)
-    # Form posts from foreign pages (cached Basic credentials): refused, and audited.
-    app.add_middleware(SameOriginMiddleware)
-    # Outermost, so it also sees the body limit's 413s.
-    app.add_middleware(AuditMiddleware)
-    # Outside even the audit: its time is part of what a client waits for.
-    app.add_middleware(performance.RequestMetricsMiddleware, metrics=runtime.metrics)
-    # Outermost: nothing downstream (log, audit record, audit stream) sees an
-    # X-Request-Id of unsafe shape or size.
-    app.add_middleware(RequestIdMiddleware)
     for module in (auth, admin, resharding, retention, members, monitoring, dead_letters,
                    performance, grafana, autoscaling):  # fmt: skip
         app.include_router(module.router)

@@ -22,6 +22,7 @@ __all__ = [
     "AUTHORIZE",
     "Caller",
     "authorize",
+    "authorize_as",
     "check_role",
     "check_scope",
     "group_keys",
@@ -30,6 +31,7 @@ __all__ = [
     "rate_limit_member",
     "route_key",
     "runtime",
+    "valid_keys",
     "verified_principal",
 ]
 
@@ -89,9 +91,9 @@ async def login_guard(request: Request, username: str | None, *, failed: bool) -
             ) from None
 
 
-async def optional_principal(request: Request) -> Principal | None:
+async def optional_principal(request: Request, rt: Runtime | None = None) -> Principal | None:
     """The caller, if it sent credentials (invalid or revoked ones still raise 401)."""
-    rt = runtime(request)
+    rt = rt or runtime(request)
     header = request.headers.get("authorization")
     tried = basic_username(header)
     if tried is not None:
@@ -119,8 +121,8 @@ async def verified_principal(rt: Runtime, authorization: str | None) -> Principa
     return principal
 
 
-async def check_role(request: Request, role: Role) -> Principal:
-    principal = await optional_principal(request)
+async def check_role(request: Request, role: Role, rt: Runtime | None = None) -> Principal:
+    principal = await optional_principal(request, rt)
     if principal is None:
         raise AuthError("authentication required (Basic or Bearer)")
     if role not in principal.roles:
@@ -146,24 +148,32 @@ def check_scope(principal: Principal | None, prefix: str | None, group: str | No
 
 async def authorize(request: Request) -> Principal | None:
     """The caller, checked against ``access.ROUTE_ROLES`` and its scope for the current route."""
-    role = required_role(route_key(request))
     params = request.path_params
     prefix, group = params.get("streamPrefix"), params.get("consumerGroup")
+    role = required_role(route_key(request))
+    return await authorize_as(request, runtime(request), role, prefix, group)
+
+
+async def authorize_as(
+    request: Request, rt: Runtime, role: Role | None, prefix: str | None, group: str | None
+) -> Principal | None:
+    """``authorize`` for a route that knows its role and names (the heartbeat's handler)."""
     if role is None:
-        principal = await optional_principal(request)
+        principal = await optional_principal(request, rt)
         check_scope(principal, prefix, group)
         return principal
-    if role is Role.MEMBER and runtime(request).settings.insecure_member_api:
+    if role is Role.MEMBER and rt.settings.insecure_member_api:
         # The unsafe STREAMKIT_SERVER_INSECURE_MEMBER_API switch (warned at start-up).
         return None
-    principal = await check_role(request, role)
+    principal = await check_role(request, role, rt)
     check_scope(principal, prefix, group)
-    await _rate_limit(request, role, principal)
+    await _rate_limit(rt, role, principal, prefix, group)
     return principal
 
 
-async def _rate_limit(request: Request, role: Role, principal: Principal) -> None:
-    rt = runtime(request)
+async def _rate_limit(
+    rt: Runtime, role: Role, principal: Principal, prefix: str | None, group: str | None
+) -> None:
     if rt.limiter is None:
         return
     settings = rt.settings
@@ -173,9 +183,7 @@ async def _rate_limit(request: Request, role: Role, principal: Principal) -> Non
             limit=settings.admin_mutations_per_minute,
         )  # fmt: skip
     elif role is Role.MEMBER:
-        prefix = str(request.path_params.get("streamPrefix", ""))
-        group = str(request.path_params.get("consumerGroup", ""))
-        await rate_limit_member(rt, prefix, group)
+        await rate_limit_member(rt, prefix or "", group or "")
 
 
 async def rate_limit_member(rt: Runtime, prefix: str, group: str) -> None:
@@ -232,6 +240,11 @@ async def group_keys(request: Request, streamPrefix: str, consumerGroup: str) ->
 
 
 def keys_for(request: Request, streamPrefix: str, consumerGroup: str) -> GroupKeys:
-    validate_stream_prefix(streamPrefix)
-    validate_consumer_group(consumerGroup)
-    return runtime(request).service.keys(streamPrefix, consumerGroup)
+    return valid_keys(runtime(request), streamPrefix, consumerGroup)
+
+
+def valid_keys(rt: Runtime, prefix: str, group: str) -> GroupKeys:
+    """The group's Redis keys, once its names are valid (``Rejected`` if not)."""
+    validate_stream_prefix(prefix)
+    validate_consumer_group(group)
+    return rt.service.keys(prefix, group)

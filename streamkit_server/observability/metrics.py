@@ -116,13 +116,6 @@ class Metrics:
             buckets=(2, 4, 8, 16, 32, 64),
             registry=r,
         )
-        self.heartbeats_routed = Counter(
-            "redis_stream_coord_heartbeat_full_route_total",
-            "Heartbeats answered through the FastAPI route instead of the lean"
-            " heartbeat path (api/heartbeat_path.py), by reason.",
-            ["reason"],
-            registry=r,
-        )
         self.state_conflicts = Counter(
             "redis_stream_coord_state_conflict_total",
             "Metadata writes rejected by the storeRevision CAS (workflow retried).",
