@@ -227,6 +227,42 @@ return replies
 """,
 )
 
+# The marker set both commit scripts keep, and READ_MARKED reads (KEYS[2]:
+# a sorted set of idempotency ids by ms).  ``marks(ids, from, to)``: each id's
+# ZMSCORE (false where none), in chunks of 1,000 (unpack's limit);
+# ``add_and_bound(pairs, max)``: ZADD the ``{now, id, ...}`` pairs, then keep
+# at most ``max`` markers (the oldest go first).
+_MARKERS: Final = """
+local function marks(ids, from, to)
+  local out = {}
+  for lo = from, to, 1000 do
+    local part = redis.call('ZMSCORE', KEYS[2], unpack(ids, lo, math.min(lo + 999, to)))
+    for n = 1, #part do out[lo - from + n] = part[n] end
+  end
+  return out
+end
+local function add_and_bound(pairs, max_markers)
+  for lo = 1, #pairs, 1000 do
+    redis.call('ZADD', KEYS[2], unpack(pairs, lo, math.min(lo + 999, #pairs)))
+  end
+  local over = redis.call('ZCARD', KEYS[2]) - tonumber(max_markers)
+  if over > 0 then redis.call('ZPOPMIN', KEYS[2], over) end
+end
+"""
+# The opening of both commit scripts: the fence (ARGV[2], '' = unchecked,
+# against KEYS[3]), the server's clock and the expiry of old markers (ARGV[3]).
+_COMMIT_OPENING: Final = (
+    _MARKERS
+    + """
+if ARGV[2] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[2] then
+  return redis.error_reply('STREAMKIT_FENCED shard fencing token moved on; nothing committed')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]))
+"""
+)
+
 # KEYS: stream, markers (sorted set: idempotency id by ms), fence, effect keys...
 # ARGV: group, fence token ('' = unchecked), marker ttl ms, max markers,
 #       commit count, then per commit: entry id, idempotency id, 'ack' | 'del',
@@ -239,13 +275,8 @@ return replies
 # lost ack only means a redelivery that the marker answers.
 COMMIT: Final = Script(
     "commit",
-    """
-if ARGV[2] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[2] then
-  return redis.error_reply('STREAMKIT_FENCED shard fencing token moved on; nothing committed')
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]))
+    _COMMIT_OPENING
+    + """
 local types = {HINCRBY='hash', HINCRBYFLOAT='hash', HSET='hash', HDEL='hash',
   INCRBY='string', INCRBYFLOAT='string', SET='string', DEL='', SADD='set', SREM='set',
   ZADD='zset', ZINCRBY='zset', ZREM='zset', XADD='stream', RPUSH='list', LPUSH='list',
@@ -267,11 +298,7 @@ for c = 1, tonumber(ARGV[5]) do
 end
 -- Every marker in one ZMSCORE, every new one in one ZADD: a call from Lua
 -- costs about as much as the work of a small commit.
-local marked = {}
-for lo = 1, #ids, 1000 do
-  local part = redis.call('ZMSCORE', KEYS[2], unpack(ids, lo, math.min(lo + 999, #ids)))
-  for n = 1, #part do marked[lo + n - 1] = part[n] end
-end
+local marked = marks(ids, 1, #ids)
 local seen, added = {}, {}
 for c = 1, #commits do
   local commit, refused = commits[c], nil
@@ -315,11 +342,7 @@ for c = 1, #commits do
     if commit.how == 'del' then dels[#dels + 1] = commit.entry end
   end
 end
-for lo = 1, #added, 1000 do
-  redis.call('ZADD', KEYS[2], unpack(added, lo, math.min(lo + 999, #added)))
-end
-local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
-if over > 0 then redis.call('ZPOPMIN', KEYS[2], over) end
+add_and_bound(added, ARGV[4])
 if #acks > 0 then redis.call('XACK', KEYS[1], ARGV[1], unpack(acks)) end
 if #dels > 0 then redis.call('XDEL', KEYS[1], unpack(dels)) end
 return replies
@@ -335,11 +358,12 @@ return replies
 # marker again, so this only decides whether a handler runs.
 READ_MARKED: Final = Script(
     "read_marked",
-    """
+    _MARKERS
+    + """
 local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
                      'STREAMS', KEYS[1], '>')
 if not r then return {{}, {}} end
-local entries, ids, marks = r[1][2], {}, {}
+local entries, ids, flags = r[1][2], {}, {}
 for i = 1, #entries do
   local id, fields = entries[i][1], entries[i][2]
   for j = 1, #fields, 2 do
@@ -350,11 +374,9 @@ for i = 1, #entries do
   end
   ids[i] = id
 end
-for lo = 1, #ids, 1000 do
-  local part = redis.call('ZMSCORE', KEYS[2], unpack(ids, lo, math.min(lo + 999, #ids)))
-  for n = 1, #part do marks[lo + n - 1] = part[n] and 1 or 0 end
-end
-return {entries, marks}
+local found = marks(ids, 1, #ids)
+for i = 1, #ids do flags[i] = found[i] and 1 or 0 end
+return {entries, flags}
 """,
 )
 
@@ -365,36 +387,24 @@ return {entries, marks}
 # ids, the count of entries to delete and their ids.  Replies as COMMIT's.
 COMMIT_ACKS: Final = Script(
     "commit_acks",
-    """
-if ARGV[2] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[2] then
-  return redis.error_reply('STREAMKIT_FENCED shard fencing token moved on; nothing committed')
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]))
+    _COMMIT_OPENING
+    + """
 local n = tonumber(ARGV[5])
 local ids = 6 + n
 local replies, added, seen = {}, {}, {}
-for lo = 0, n - 1, 1000 do
-  local hi = math.min(lo + 999, n - 1)
-  local marked = redis.call('ZMSCORE', KEYS[2], unpack(ARGV, ids + lo, ids + hi))
-  for k = 1, #marked do
-    local idem = ARGV[ids + lo + k - 1]
-    if marked[k] or seen[idem] then
-      replies[lo + k] = 0
-    else
-      seen[idem] = true
-      added[#added + 1] = now
-      added[#added + 1] = idem
-      replies[lo + k] = 1
-    end
+local marked = marks(ARGV, ids, ids + n - 1)
+for k = 1, n do
+  local idem = ARGV[ids + k - 1]
+  if marked[k] or seen[idem] then
+    replies[k] = 0
+  else
+    seen[idem] = true
+    added[#added + 1] = now
+    added[#added + 1] = idem
+    replies[k] = 1
   end
 end
-for lo = 1, #added, 1000 do
-  redis.call('ZADD', KEYS[2], unpack(added, lo, math.min(lo + 999, #added)))
-end
-local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
-if over > 0 then redis.call('ZPOPMIN', KEYS[2], over) end
+add_and_bound(added, ARGV[4])
 for lo = 6, 5 + n, 1000 do
   redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, lo, math.min(lo + 999, 5 + n)))
 end
