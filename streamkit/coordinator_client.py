@@ -109,6 +109,12 @@ class _CoordinatorAuth(httpx.Auth):
         username, password = self._credentials
         login = httpx.Request("POST", url, json={"username": username, "password": password})
         response = yield login
+        if response.status_code in _FINAL_LOGIN_ANSWERS:
+            # Wrong credentials (or too many of them): sending them again as
+            # Basic would only count one more failed login against this name
+            # and address, and earn the same answer; the call fails with it.
+            self._token = None
+            raise _error(response)
         if response.status_code != 200:
             self._token = None
             log.warning("coordinator login failed: %s", _error_text(response))
@@ -284,6 +290,9 @@ def _unreachable(base_url: httpx.URL, method: str, path: str, exc: httpx.HTTPErr
         "is streamkit-server running there? STREAMKIT_COORDINATOR_URL sets the address"
     )
 
+
+#: Login answers that end the call: the request itself would be refused the same way.
+_FINAL_LOGIN_ANSWERS = (401, 429)
 
 #: What to do about a refused call, by status (appended to the server's message).
 _HINTS = {

@@ -266,6 +266,13 @@ async def test_failures_against_a_coordinator(
     wrong = {**env, "STREAMKIT_COORDINATOR_PASSWORD": "wrong"}
     result = streamkit(["group", "create", prefix, "other"], apps, wrong)
     assert_one_error_line(result, ["401", "STREAMKIT_COORDINATOR_PASSWORD"])
+    # An app stops at the first refusal, before any member joins, and without
+    # spending the name's budget of failed logins (10 a minute): the right
+    # password, below, still logs in.
+    result = streamkit(["run", "good:app"], apps, wrong)
+    assert_one_error_line(result, ["401", "STREAMKIT_COORDINATOR_PASSWORD"])
+    result = streamkit(["status", prefix, group], apps, wrong)
+    assert_one_error_line(result, ["401", "STREAMKIT_COORDINATOR_PASSWORD"])
     # A typo in the group a publisher names.
     result = streamkit(["publish", prefix, group + "x", "k", "a=1"], apps, env)
     assert_one_error_line(result, [f"did you mean {group!r}?", "streamkit group create"])
