@@ -18,6 +18,7 @@ from collections.abc import Generator
 from typing import Final, TypeVar
 from urllib.parse import quote
 
+import anyio
 import httpx
 
 from streamkit.closing import AsyncClosing
@@ -227,9 +228,7 @@ class CoordinatorClient(AsyncClosing):
         path = self._monitoring_path(stream_prefix, consumer_group) + "/offsets"
         return await self._call("GET", path, StreamShardOffsetsResponse)
 
-    async def _call(
-        self, method: str, path: str, model: type[M], *, body: WireModel | None = None
-    ) -> M:
+    async def _send(self, method: str, path: str, body: WireModel | None) -> httpx.Response:
         request = self._http.build_request(
             method, path, json=body.to_wire(exclude_none=True) if body else None
         )
@@ -243,7 +242,18 @@ class CoordinatorClient(AsyncClosing):
             raise CoordinatorUnavailable(
                 _unreachable(self._http.base_url, method, path, exc)
             ) from exc
-        response = httpx.Response(streamed.status_code, content=content, request=request)
+        return httpx.Response(streamed.status_code, content=content, request=request)
+
+    async def _call(
+        self, method: str, path: str, model: type[M], *, body: WireModel | None = None
+    ) -> M:
+        response = await self._send(method, path, body)
+        if method == "GET" and _redis_blip(response):
+            # A coordinator whose Redis just restarted fails the first command
+            # on each stale pooled connection (and reconnects it); it asks to
+            # retry in a second.  A read is safe to repeat once.
+            await anyio.sleep(_RETRY_AFTER_S)
+            response = await self._send(method, path, body)
         if response.status_code >= 400:
             raise _error(response)
         try:
@@ -252,6 +262,15 @@ class CoordinatorClient(AsyncClosing):
             raise CoordinatorError(
                 response.status_code, "BAD_RESPONSE", f"unreadable answer to {method} {path}"
             ) from exc
+
+
+def _redis_blip(response: httpx.Response) -> bool:
+    if response.status_code != 503:
+        return False
+    try:
+        return ErrorResponse.from_wire(response.content).error_code == "REDIS_UNAVAILABLE"
+    except ValueError:
+        return False
 
 
 async def _read_bounded(response: httpx.Response, limit: int, method: str, path: str) -> bytes:
@@ -291,6 +310,16 @@ def _unreachable(base_url: httpx.URL, method: str, path: str, exc: httpx.HTTPErr
     )
 
 
+#: How long a read waits before its one retry of a ``503 REDIS_UNAVAILABLE``
+#: (the coordinator's ``Retry-After``).
+_RETRY_AFTER_S: Final = 1.0
+
+#: What to do when the coordinator's Redis does not answer.
+_REDIS_DOWN_HINT: Final = (
+    "the coordinator cannot reach its Redis: is redis-server running there? "
+    "STREAMKIT_SERVER_REDIS_URL sets the coordinator's; retry once it is back"
+)
+
 #: Login answers that end the call: the request itself would be refused the same way.
 _FINAL_LOGIN_ANSWERS = (401, 429)
 
@@ -308,6 +337,8 @@ def _error(response: httpx.Response) -> StreamkitError:
         try:
             err = ErrorResponse.from_wire(response.content)
             detail = f"{err.error_code}: {err.message}"
+            if err.error_code == "REDIS_UNAVAILABLE":
+                detail = f"{detail.rstrip('.')} ({_REDIS_DOWN_HINT})"
         except ValueError:
             detail = response.text[:200]
         return CoordinatorUnavailable(f"coordinator answered {response.status_code}: {detail}")

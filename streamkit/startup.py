@@ -49,7 +49,7 @@ def redis_unreachable_message(settings: StreamKitSettings, exc: BaseException) -
     return (
         f"cannot reach Redis at {redacted_url(settings.redis_url)}"
         + (" (cluster)" if settings.redis_cluster else "")
-        + f": {describe_error(exc)}; is redis-server running there? "
+        + f": {describe_error(exc).rstrip('.')}; is redis-server running there? "
         "STREAMKIT_REDIS_URL sets the address"
     )
 
