@@ -257,6 +257,13 @@ async def test_dlq_list_and_replay(
         assert not any(name.startswith(b"x-") for name in fields)  # metadata dropped
     empty = await anyio.to_thread.run_sync(lambda: run("dlq", "list", prefix, group, env=env))
     assert empty.returncode == 0 and "no dead letters" in empty.stderr
+    # Nothing to replay is said, not silent; an id that is not there fails.
+    nothing = await anyio.to_thread.run_sync(lambda: run("dlq", "replay", prefix, group, env=env))
+    assert nothing.returncode == 0 and "nothing to replay" in nothing.stderr, nothing
+    gone = await anyio.to_thread.run_sync(
+        lambda: run("dlq", "replay", prefix, group, "--id", letters[0], env=env)
+    )
+    assert gone.returncode == 1 and f"{letters[0]}  not replayed: no such" in gone.stderr, gone
 
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
