@@ -132,7 +132,7 @@ def _error_text(response: httpx.Response) -> str:
         err = ErrorResponse.from_wire(response.content)
         text = f"{response.status_code} {err.error_code}: {err.message}"
     except ValueError:
-        text = f"{response.status_code}: {response.text[:200]}"
+        return _not_a_coordinator(response)  # one line, not a page of HTML
     hint = _HINTS.get(response.status_code)
     return f"{text} ({hint})" if hint else text
 
@@ -347,7 +347,21 @@ def _error(response: httpx.Response) -> StreamkitError:
         err = ErrorResponse.from_wire(response.content)
         code, message = err.error_code, err.message or ""
     except ValueError:
-        code, message = None, response.text[:200]
+        # Every refusal of a coordinator is an ErrorResponse: this is some
+        # other server (a 404 here is not "no such group"), or a proxy's own
+        # page; like an unreachable coordinator, not like its refusal.
+        return CoordinatorUnavailable(_not_a_coordinator(response))
     if hint:
         message = f"{message} ({hint})"
     return CoordinatorError(response.status_code, code, message)
+
+
+def _not_a_coordinator(response: httpx.Response) -> str:
+    url = response.request.url
+    where = url.copy_with(path="/", query=None)
+    return (
+        f"the server at {str(where).rstrip('/')} answered {response.status_code} to "
+        f"{response.request.method} {url.path} without a coordinator's error answer: it is "
+        "not a streamkit coordinator (or a proxy does not route that path); "
+        "STREAMKIT_COORDINATOR_URL sets the address"
+    )
