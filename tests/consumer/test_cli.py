@@ -142,7 +142,7 @@ def test_unreachable_coordinator_names_url_setting_and_server(
 
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
-async def test_wrong_password_warns_at_start(
+async def test_wrong_password_stops_at_start(
     coordinator: Any, any_redis: RedisTarget, admin: Any, names: tuple[str, str]
 ) -> None:
     prefix, group = names
@@ -151,10 +151,13 @@ async def test_wrong_password_warns_at_start(
         coordinator, any_redis, base="cli", prefix=prefix, group=group, record=Path(os.devnull)
     )
     env["STREAMKIT_COORDINATOR_PASSWORD"] = "not-the-password"
-    text = run_until(["run", "tests.consumer.apps.recording:app"], env, ["401"])
-    line = next(line for line in text.splitlines() if "401" in line)
+    # Every heartbeat would be refused too: one line, before any member joins.
+    result = run("run", "tests.consumer.apps.recording:app", env=env)
+    assert result.returncode == 2, result
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "401" in line, line
     assert "STREAMKIT_COORDINATOR_USERNAME" in line and "STREAMKIT_COORDINATOR_PASSWORD" in line
-    assert text.index("401") < text.index("serving"), text  # said before anything else
+    assert "serving" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
