@@ -208,7 +208,7 @@ def test_a_second_dev_in_the_same_place_refuses_and_leaves_the_first_alone(
             for pid in (999_999_999, other.pid):
                 stale = settings_file.replace(f"pid {first.pid}", f"pid {pid}")
                 (tmp_path / ".env").write_text(stale)
-                _check_settings_file(tmp_path / ".env", "tiny:app")
+                assert _check_settings_file(tmp_path / ".env", "tiny:app")  # stale
         finally:
             other.kill()
 

@@ -205,12 +205,13 @@ def _owner(text: str) -> int | None:
     return pid
 
 
-def _check_settings_file(path: Path, target: str) -> None:
-    """Refuse a file that is not ours, or that a running ``streamkit dev`` uses."""
+def _check_settings_file(path: Path, target: str) -> bool:
+    """Refuse a file that is not ours, or that a running ``streamkit dev`` uses;
+    whether there is a stale one (of a ``streamkit dev`` that is gone)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return
+        return False
     except OSError as exc:
         raise DevError(f"cannot read --env-file {path}: {exc.strerror}") from None
     if not text.startswith(_MARKER):
@@ -227,14 +228,24 @@ def _check_settings_file(path: Path, target: str) -> None:
             f"second copy of the app with it, run `streamkit run {target}` in this "
             "directory (it reads that file); for a setup of its own, pass another --env-file"
         )
+    return True
 
 
 @contextlib.contextmanager
 def _settings_file(path: Path, env: dict[str, str], target: str) -> Iterator[None]:
     """Write ``env`` to ``path``, and remove it at exit if it is still ours."""
-    _check_settings_file(path, target)  # again: another dev may have started meanwhile
+    # Again: another dev may have started meanwhile.
+    if _check_settings_file(path, target):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # stale: replaced, not written into
     mine = _MARKER + _OWNER.format(pid=os.getpid())
-    path.write_text(mine + "".join(f"{k}={v}\n" for k, v in env.items()), encoding="utf-8")
+    try:
+        # Exclusive: of two devs started at the same moment, one writes it.
+        with path.open("x", encoding="utf-8") as file:
+            file.write(mine + "".join(f"{k}={v}\n" for k, v in env.items()))
+    except FileExistsError:
+        _check_settings_file(path, target)  # names the dev that was first
+        raise DevError(f"--env-file {path} appeared meanwhile; start again") from None
     print(f"(also written to {path}, which streamkit commands in that directory read)")
     try:
         yield
