@@ -6,7 +6,9 @@ Measured in one run, each the median wall time of ``--runs`` starts:
 
 * baseline: ``python -c pass`` (the interpreter of this venv);
 * ``streamkit --version`` and ``streamkit --help`` (target: within 0.25 s of
-  the baseline);
+  the baseline), ``streamkit status --help`` (typer converts a command's
+  parameters with pydantic) and ``streamkit-server --version`` and ``--help``
+  (the latter prints the settings model's descriptions);
 * ``streamkit status`` of an 8-shard group with two members (target: under
   1 s), against a private Redis and coordinator started here;
 * ``streamkit run samples.orders.app:app``: from the process start to its
@@ -138,6 +140,12 @@ def main() -> None:
     figures["python -c pass"] = median(runs, lambda: wall([sys.executable, "-c", "pass"]))
     figures["streamkit --version"] = median(runs, lambda: wall([*STREAMKIT, "--version"]))
     figures["streamkit --help"] = median(runs, lambda: wall([*STREAMKIT, "--help"]))
+    figures["streamkit status --help"] = median(
+        runs, lambda: wall([*STREAMKIT, "status", "--help"])
+    )
+    coord = [sys.executable, "-m", "streamkit_server"]
+    figures["streamkit-server --version"] = median(runs, lambda: wall([*coord, "--version"]))
+    figures["streamkit-server --help"] = median(runs, lambda: wall([*coord, "--help"]))
     with (
         RedisServer() as server,
         CoordinatorProcess(server.url, heartbeat_interval_ms=3_000, member_lease_ttl_ms=15_000,

@@ -230,7 +230,14 @@ class StreamKit(AsyncClosing, AppDeclarations):
             await check_redis(self.redis, self.settings)
         await self.start()
         try:
-            await check_groups(self.coordinator, self._listeners, self.settings.coordinator_url)
+            await check_groups(
+                self.coordinator,
+                self._listeners,
+                self.settings.coordinator_url,
+                credentials=bool(
+                    self.settings.coordinator_username or self.settings.coordinator_token
+                ),
+            )
             if any(listener.handler is not None for listener in self._listeners):
                 self._xackdel = await detect_xackdel(self.redis, self.settings)
             self._members = self._build_members(self._xackdel)

@@ -18,6 +18,7 @@ from collections.abc import Generator
 from typing import Final, TypeVar
 from urllib.parse import quote
 
+import anyio
 import httpx
 
 from streamkit.closing import AsyncClosing
@@ -109,6 +110,12 @@ class _CoordinatorAuth(httpx.Auth):
         username, password = self._credentials
         login = httpx.Request("POST", url, json={"username": username, "password": password})
         response = yield login
+        if response.status_code in _FINAL_LOGIN_ANSWERS:
+            # Wrong credentials (or too many of them): sending them again as
+            # Basic would only count one more failed login against this name
+            # and address, and earn the same answer; the call fails with it.
+            self._token = None
+            raise _error(response)
         if response.status_code != 200:
             self._token = None
             log.warning("coordinator login failed: %s", _error_text(response))
@@ -125,7 +132,7 @@ def _error_text(response: httpx.Response) -> str:
         err = ErrorResponse.from_wire(response.content)
         text = f"{response.status_code} {err.error_code}: {err.message}"
     except ValueError:
-        text = f"{response.status_code}: {response.text[:200]}"
+        return _not_a_coordinator(response)  # one line, not a page of HTML
     hint = _HINTS.get(response.status_code)
     return f"{text} ({hint})" if hint else text
 
@@ -221,9 +228,7 @@ class CoordinatorClient(AsyncClosing):
         path = self._monitoring_path(stream_prefix, consumer_group) + "/offsets"
         return await self._call("GET", path, StreamShardOffsetsResponse)
 
-    async def _call(
-        self, method: str, path: str, model: type[M], *, body: WireModel | None = None
-    ) -> M:
+    async def _send(self, method: str, path: str, body: WireModel | None) -> httpx.Response:
         request = self._http.build_request(
             method, path, json=body.to_wire(exclude_none=True) if body else None
         )
@@ -237,7 +242,18 @@ class CoordinatorClient(AsyncClosing):
             raise CoordinatorUnavailable(
                 _unreachable(self._http.base_url, method, path, exc)
             ) from exc
-        response = httpx.Response(streamed.status_code, content=content, request=request)
+        return httpx.Response(streamed.status_code, content=content, request=request)
+
+    async def _call(
+        self, method: str, path: str, model: type[M], *, body: WireModel | None = None
+    ) -> M:
+        response = await self._send(method, path, body)
+        if method == "GET" and _redis_blip(response):
+            # A coordinator whose Redis just restarted fails the first command
+            # on each stale pooled connection (and reconnects it); it asks to
+            # retry in a second.  A read is safe to repeat once.
+            await anyio.sleep(_RETRY_AFTER_S)
+            response = await self._send(method, path, body)
         if response.status_code >= 400:
             raise _error(response)
         try:
@@ -246,6 +262,15 @@ class CoordinatorClient(AsyncClosing):
             raise CoordinatorError(
                 response.status_code, "BAD_RESPONSE", f"unreadable answer to {method} {path}"
             ) from exc
+
+
+def _redis_blip(response: httpx.Response) -> bool:
+    if response.status_code != 503:
+        return False
+    try:
+        return ErrorResponse.from_wire(response.content).error_code == "REDIS_UNAVAILABLE"
+    except ValueError:
+        return False
 
 
 async def _read_bounded(response: httpx.Response, limit: int, method: str, path: str) -> bytes:
@@ -285,6 +310,19 @@ def _unreachable(base_url: httpx.URL, method: str, path: str, exc: httpx.HTTPErr
     )
 
 
+#: How long a read waits before its one retry of a ``503 REDIS_UNAVAILABLE``
+#: (the coordinator's ``Retry-After``).
+_RETRY_AFTER_S: Final = 1.0
+
+#: What to do when the coordinator's Redis does not answer.
+_REDIS_DOWN_HINT: Final = (
+    "the coordinator cannot reach its Redis: is redis-server running there? "
+    "STREAMKIT_SERVER_REDIS_URL sets the coordinator's; retry once it is back"
+)
+
+#: Login answers that end the call: the request itself would be refused the same way.
+_FINAL_LOGIN_ANSWERS = (401, 429)
+
 #: What to do about a refused call, by status (appended to the server's message).
 _HINTS = {
     401: "set STREAMKIT_COORDINATOR_USERNAME and STREAMKIT_COORDINATOR_PASSWORD "
@@ -299,6 +337,8 @@ def _error(response: httpx.Response) -> StreamkitError:
         try:
             err = ErrorResponse.from_wire(response.content)
             detail = f"{err.error_code}: {err.message}"
+            if err.error_code == "REDIS_UNAVAILABLE":
+                detail = f"{detail.rstrip('.')} ({_REDIS_DOWN_HINT})"
         except ValueError:
             detail = response.text[:200]
         return CoordinatorUnavailable(f"coordinator answered {response.status_code}: {detail}")
@@ -307,7 +347,21 @@ def _error(response: httpx.Response) -> StreamkitError:
         err = ErrorResponse.from_wire(response.content)
         code, message = err.error_code, err.message or ""
     except ValueError:
-        code, message = None, response.text[:200]
+        # Every refusal of a coordinator is an ErrorResponse: this is some
+        # other server (a 404 here is not "no such group"), or a proxy's own
+        # page; like an unreachable coordinator, not like its refusal.
+        return CoordinatorUnavailable(_not_a_coordinator(response))
     if hint:
         message = f"{message} ({hint})"
     return CoordinatorError(response.status_code, code, message)
+
+
+def _not_a_coordinator(response: httpx.Response) -> str:
+    url = response.request.url
+    where = url.copy_with(path="/", query=None)
+    return (
+        f"the server at {str(where).rstrip('/')} answered {response.status_code} to "
+        f"{response.request.method} {url.path} without a coordinator's error answer: it is "
+        "not a streamkit coordinator (or a proxy does not route that path); "
+        "STREAMKIT_COORDINATOR_URL sets the address"
+    )

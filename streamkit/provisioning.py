@@ -78,7 +78,7 @@ async def _provision_one(
         try:
             found[group] = await client.get_group(prefix, group)
         except CoordinatorError as exc:
-            if exc.status_code not in (404, *_REFUSED):
+            if exc.status_code not in (404, *_REFUSED) or _wrong_credentials(exc, username):
                 raise
             unchecked = unchecked or exc.status_code != 404
             missing.append(group)
@@ -142,6 +142,11 @@ def _commands(declared: StreamDeclaration, group: str | None) -> str:
     return " && ".join(steps)
 
 
+def _wrong_credentials(exc: CoordinatorError, username: str | None) -> bool:
+    """A user and password the coordinator refuses: nothing else will work either."""
+    return exc.status_code in (401, 429) and username is not None
+
+
 def _principal(username: str | None) -> str:
     return f"principal {username!r}" if username else "client (no credentials)"
 
@@ -167,8 +172,13 @@ def _cannot_create(
 
 
 def _cannot_check(declared: StreamDeclaration, username: str | None, exc: CoordinatorError) -> str:
+    why = (
+        "refused the client's credentials, or their absence (401; "
+        "STREAMKIT_COORDINATOR_USERNAME and _PASSWORD, or _TOKEN, set them)"
+        if exc.status_code == 401
+        else f"{_principal(username)} has neither the READ nor the WRITE role ({exc.status_code})"
+    )
     return (
         f"cannot check or create the declared stream {declared.stream_prefix!r}: the coordinator "
-        f"{_principal(username)} has neither the READ nor the WRITE role ({exc.status_code}); "
-        "assuming it exists (the members' first heartbeat tells)"
+        f"{why}; assuming it exists (the members' first heartbeat tells)"
     )

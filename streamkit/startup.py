@@ -49,7 +49,7 @@ def redis_unreachable_message(settings: StreamKitSettings, exc: BaseException) -
     return (
         f"cannot reach Redis at {redacted_url(settings.redis_url)}"
         + (" (cluster)" if settings.redis_cluster else "")
-        + f": {describe_error(exc)}; is redis-server running there? "
+        + f": {describe_error(exc).rstrip('.')}; is redis-server running there? "
         "STREAMKIT_REDIS_URL sets the address"
     )
 
@@ -65,9 +65,14 @@ async def check_redis(redis: AsyncRedis, settings: StreamKitSettings) -> None:
 
 
 async def check_groups(
-    coordinator: CoordinatorClient, listeners: Iterable[Listener], coordinator_url: str
+    coordinator: CoordinatorClient,
+    listeners: Iterable[Listener],
+    coordinator_url: str,
+    *,
+    credentials: bool = False,
 ) -> None:
-    """Fail at once for a group the coordinator does not know."""
+    """Fail at once for a group the coordinator does not know, or for
+    ``credentials`` (a configured user or token) it refuses."""
     for listener in listeners:
         prefix, group = listener.key
         try:
@@ -76,9 +81,13 @@ async def check_groups(
             if exc.status_code == 404:
                 hint = await existing_groups_hint(coordinator, prefix, group)
                 raise GroupNotFoundError(prefix, group, coordinator_url, hint) from None
+            if exc.status_code in (401, 429) and credentials:
+                # Refused credentials: every heartbeat would be refused too
+                # (and count as one more failed login).
+                raise
             if exc.status_code == 401:
-                # Wrong or missing credentials: say so now, not only when a
-                # publish or a heartbeat is refused later.
+                # No credentials: fine for a coordinator whose member API is
+                # open (--insecure-member-api); else the first heartbeat tells.
                 log.warning("%s", exc)
                 continue
             # Without the READ role the first heartbeat does the check

@@ -266,6 +266,50 @@ async def test_failures_against_a_coordinator(
     wrong = {**env, "STREAMKIT_COORDINATOR_PASSWORD": "wrong"}
     result = streamkit(["group", "create", prefix, "other"], apps, wrong)
     assert_one_error_line(result, ["401", "STREAMKIT_COORDINATOR_PASSWORD"])
+    # An app stops at the first refusal, before any member joins, and without
+    # spending the name's budget of failed logins (10 a minute): the right
+    # password, below, still logs in.
+    result = streamkit(["run", "good:app"], apps, wrong)
+    assert_one_error_line(result, ["401", "STREAMKIT_COORDINATOR_PASSWORD"])
+    result = streamkit(["status", prefix, group], apps, wrong)
+    assert_one_error_line(result, ["401", "STREAMKIT_COORDINATOR_PASSWORD"])
     # A typo in the group a publisher names.
     result = streamkit(["publish", prefix, group + "x", "k", "a=1"], apps, env)
     assert_one_error_line(result, [f"did you mean {group!r}?", "streamkit group create"])
+
+
+# -- the coordinator's Redis goes away and comes back ------------------------------------
+
+
+async def test_a_coordinator_whose_redis_is_down_then_back(apps: Path) -> None:
+    """While the coordinator's Redis is down, commands say so in one line that
+    names the fix; once it is back, the very first command works (the
+    coordinator's stale pooled connection costs one retried read, not an error)."""
+    from streamkit.testing import RedisServer
+    from streamkit.testing.coordinator import CoordinatorProcess
+
+    # Persistent, so that the restarted server still holds the group.
+    with RedisServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"]) as server:
+        with CoordinatorProcess(server.url) as coordinator:
+            await create_group(coordinator, "orders", "billing", 2)
+            user, password = coordinator.admin_auth
+            env = {
+                "STREAMKIT_COORDINATOR_URL": coordinator.url,
+                "STREAMKIT_COORDINATOR_USERNAME": user,
+                "STREAMKIT_COORDINATOR_PASSWORD": password,
+                "STREAMKIT_REDIS_URL": server.url,
+            }
+            server.kill()
+            result = streamkit(["dlq", "list", "orders", "billing"], apps, env)
+            line = assert_one_error_line(result, ["cannot reach Redis", "STREAMKIT_REDIS_URL"])
+            assert ".;" not in line, line
+            server.restart()
+            result = streamkit(["status", "orders", "billing"], apps, env)
+            assert result.returncode == 0, result.stderr
+            assert "orders/billing" in result.stdout
+            server.kill()
+            result = streamkit(["status", "orders", "billing"], apps, env)
+            assert_one_error_line(
+                result, ["503", "REDIS_UNAVAILABLE", "is redis-server running there?",
+                         "STREAMKIT_SERVER_REDIS_URL"]
+            )  # fmt: skip

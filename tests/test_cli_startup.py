@@ -110,3 +110,39 @@ def test_status_loads_the_http_client_but_no_redis_or_app() -> None:
     assert "httpx" in modules and "streamkit.coordinator_client" in modules
     for name in ("redis", "dependency_injector", "fastapi", "streamkit.app", "opentelemetry"):
         assert name not in modules, f"streamkit status imported {name}"
+
+
+_SERVER_PROBE = """
+import json, sys
+from streamkit_server.cli import main
+try:
+    main(json.loads(sys.argv[1]))
+except SystemExit:
+    pass
+sys.stdout.flush()
+print("\\nMODULES " + json.dumps(sorted(sys.modules)))
+"""
+
+
+#: What only serving needs: ``--version`` and ``--help`` must not wait for it.
+_SERVING = (
+    "fastapi", "starlette", "uvicorn", "redis", "httpx", "opentelemetry",
+    "streamkit_server.api", "streamkit_server.runtime", "streamkit_server.serve",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"]], ids=" ".join)
+def test_server_help_and_version_load_no_web_framework_or_redis(args: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _SERVER_PROBE, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output, _, modules_json = result.stdout.rpartition("\nMODULES ")
+    modules = set(json.loads(modules_json))
+    assert output.startswith("streamkit-server ") or "usage: streamkit-server" in output
+    loaded = sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in _SERVING))
+    assert loaded == [], f"streamkit-server {' '.join(args)} imported {loaded}"
+    if args == ["--version"]:
+        assert "pydantic" not in modules, "--version needs no settings model"

@@ -27,7 +27,9 @@ from helpers import REPO
 
 from samples.orders.app import BILLING, ORDERS, Order, OrderRepository
 from streamkit import Publisher
+from streamkit.demo.dev import _check_settings_file
 from streamkit.settings import StreamKitSettings
+from streamkit.testing import free_port
 
 pytestmark = pytest.mark.redis  # starts redis-server (through the command)
 
@@ -129,3 +131,91 @@ def test_dev_handles_a_published_order_and_leaves_nothing_behind(tmp_path: Path)
         port = int(url.rsplit(":", 1)[1].split("/")[0])
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
+
+
+_TINY_APP = """
+from streamkit import Message, StreamKit
+
+app = StreamKit()
+
+
+@app.stream_listener(stream_prefix="hello", group="printer", shards=2)
+async def greet(msg: Message) -> None:
+    await msg.ack()
+"""
+
+
+def _second(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*_command(), "dev", "tiny:app", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_second_dev_in_the_same_place_refuses_and_leaves_the_first_alone(
+    tmp_path: Path,
+) -> None:
+    """Same directory and settings file, then same port: one ``error:`` line each,
+    before any Redis starts, and the first one's file and coordinator untouched."""
+    (tmp_path / "tiny.py").write_text(_TINY_APP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMKIT_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    port = free_port()
+    log = tmp_path / "first.err"
+    with open(log, "w") as errors:
+        first = subprocess.Popen(
+            [*_command(), "dev", "tiny:app", "--env-file", ".env", "--port", str(port)],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            start_new_session=True,
+        )
+    try:
+        _wait_for_line(first, r"^\(also written to \.env", within=60)
+        settings_file = (tmp_path / ".env").read_text()
+        assert f"# pid {first.pid}\n" in settings_file
+        same_file = _second(tmp_path, env, "--env-file", ".env")
+        line = _one_error_line(same_file)
+        assert f"belongs to the streamkit dev running as pid {first.pid}" in line, line
+        assert "streamkit run tiny:app" in line and "another --env-file" in line, line
+        same_port = _second(tmp_path, env, "--port", str(port))
+        line = _one_error_line(same_port)
+        assert f"port {port} is taken" in line and "--port" in line, line
+        # The first is unharmed: its file, its coordinator and its app.
+        assert (tmp_path / ".env").read_text() == settings_file
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").json()["pid"] != first.pid
+        assert first.poll() is None
+        os.killpg(first.pid, signal.SIGINT)
+        assert first.wait(60) == 0, log.read_text()
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(10)
+        if first.stdout is not None:
+            first.stdout.close()
+    assert not (tmp_path / ".env").exists(), "the first removes its file when it stops"
+    # A file left by a dev that was killed (or whose pid now runs something else)
+    # is replaced, not refused.
+    with subprocess.Popen(["sleep", "30"]) as other:
+        try:
+            for pid in (999_999_999, other.pid):
+                stale = settings_file.replace(f"pid {first.pid}", f"pid {pid}")
+                (tmp_path / ".env").write_text(stale)
+                assert _check_settings_file(tmp_path / ".env", "tiny:app")  # stale
+        finally:
+            other.kill()
+
+
+def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "streamkit dev:" not in result.stdout, "nothing started before the refusal"
+    return lines[0]

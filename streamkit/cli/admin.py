@@ -183,14 +183,27 @@ def stream_list(as_json: _Json = False) -> None:
 @stream.command("scale")
 def stream_scale(
     name: _Stream,
-    shards: Annotated[int, typer.Argument(min=0, help="The new shard count (0 drains all).")],
+    shards: Annotated[
+        int, typer.Argument(min=0, help="The new shard count (0 drains all: --drain-all).")
+    ],
     ordering: _Ordering = None,
     reason: _Reason = None,
     as_json: _Json = False,
+    drain_all: Annotated[
+        bool,
+        typer.Option(help="Confirm a scale to 0: every shard drained, publishing refused."),
+    ] = False,
 ) -> None:
     """Reshard a stream (every group of it moves): new shards first, old ones drained."""
     from streamkit.admin import scale_stream
 
+    if shards == 0 and not drain_all:
+        # One typo away from every publisher failing: ask for it explicitly.
+        fail(
+            f"scaling stream {name!r} to 0 shards drains every shard and leaves publishers "
+            "no shard to write to until it is scaled up again; add --drain-all if that is "
+            "what you want"
+        )
     checked = _ordering(ordering)
     scaled = _admin(
         f"scaling stream {name!r}",

@@ -123,7 +123,14 @@ def dlq_replay(
                 )
 
     outcomes = run_async(work)
-    failed = moved = 0
+    # Silence would read as success: say what there was nothing of.
+    missing = [i for i in ids or () if i not in {o.letter.id for o in outcomes}]
+    for letter_id in missing:
+        echo(f"{letter_id}  not replayed: no such dead letter in {key}", err=True)
+    if not outcomes and not missing:
+        echo(f"no dead letters in {key}: nothing to replay", err=True)
+    failed = len(missing)
+    moved = 0
     for outcome in outcomes:
         if outcome.to is None:
             failed += 1

@@ -96,10 +96,10 @@ class HeartbeatSender:
                 machine.request_failed()
                 if attempt == _LEAVE_ATTEMPTS:
                     log.warning(
-                        "%s: could not leave (%r); the coordinator will expire the member "
+                        "%s: could not leave (%s); the coordinator will expire the member "
                         "after its lease",
                         machine.member_id,
-                        exc,
+                        str(exc) or type(exc).__name__,  # the message, not a repr of it
                     )
                     return
                 await anyio.sleep(self.retry_delay_ms(attempt) / 1000)

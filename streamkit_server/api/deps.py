@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -54,6 +55,22 @@ def _pair(request: Request, username: str) -> str:
     return hashlib.sha256(tried).hexdigest()[:32]
 
 
+@contextlib.asynccontextmanager
+async def _told_why(username: str | None) -> AsyncIterator[None]:
+    """A pair over its limit learns that its failed logins are the cause: the
+    right password is refused too until the window passes, which is otherwise
+    a mystery to whoever just fixed a typo."""
+    try:
+        yield
+    except RateLimited as over:
+        raise RateLimited(
+            f"too many failed logins as {(username or '')[:64]!r} from this address in the "
+            f"last minute (a wrong password?); this name may log in from here again in "
+            f"{over.retry_after_s} s",
+            over.retry_after_s,
+        ) from None
+
+
 async def login_guard(request: Request, username: str | None, *, failed: bool) -> None:
     """Look at (``failed``: count) failed logins; 429 when the caller's own are too many.
 
@@ -70,14 +87,16 @@ async def login_guard(request: Request, username: str | None, *, failed: bool) -
     settings = rt.settings
     pair = _pair(request, username or "")
     if failed:
-        await limiter.check("login-pair", pair, window_ms=_MINUTE_MS,
-                            limit=settings.login_failures_per_minute)  # fmt: skip
+        async with _told_why(username):
+            await limiter.check("login-pair", pair, window_ms=_MINUTE_MS,
+                                limit=settings.login_failures_per_minute)  # fmt: skip
         with contextlib.suppress(RateLimited):  # counted; the pair rule decides
             await limiter.check("login-all", "failures", window_ms=_MINUTE_MS,
                                 limit=settings.login_failures_backstop_per_minute)  # fmt: skip
         return
-    await limiter.check("login-pair", pair, window_ms=_MINUTE_MS,
-                        limit=settings.login_failures_per_minute, cost=0)  # fmt: skip
+    async with _told_why(username):
+        await limiter.check("login-pair", pair, window_ms=_MINUTE_MS,
+                            limit=settings.login_failures_per_minute, cost=0)  # fmt: skip
     try:
         await limiter.check("login-all", "failures", window_ms=_MINUTE_MS,
                             limit=settings.login_failures_backstop_per_minute, cost=0)  # fmt: skip

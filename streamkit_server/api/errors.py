@@ -216,6 +216,14 @@ async def _redis(request: Request, exc: Exception) -> JSONResponse:
             # old primary, now a replica: drop them, so the next command
             # connects to whatever the Redis URL points at now.
             await runtime.client.connection_pool.disconnect()
+        elif isinstance(exc, RedisConnectionError) and isinstance(
+            runtime.client, redis.asyncio.Redis
+        ):
+            # A Redis that restarted leaves every idle pooled connection dead,
+            # each good for one more failed command: drop them, so the client's
+            # retry (Retry-After) reconnects instead of failing again.  Only the
+            # idle ones: a command in flight on another connection may be fine.
+            await runtime.client.connection_pool.disconnect(inuse_connections=False)
     log.warning("Redis unavailable: %s", exc)
     return error_response(
         503, "REDIS_UNAVAILABLE", f"Redis is unavailable: {exc}", {"Retry-After": "1"}

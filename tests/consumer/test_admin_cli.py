@@ -72,6 +72,9 @@ async def test_create_list_scale_and_delete(
     (mine,) = [s for s in listed["streams"] if s["streamPrefix"] == prefix]
     assert mine == {"streamPrefix": prefix, "shardCount": 4, "groups": [group]}
     assert f"{prefix} {group}  state=EMPTY  shards=4" in await cli("group", "list", prefix)
+    # To 0 (a typo away from stopping every publisher) only when confirmed.
+    line = await cli("stream", "scale", prefix, "0", code=2)
+    assert "to 0 shards drains every shard" in line and "--drain-all" in line, line
     scaled = json.loads(await cli("stream", "scale", prefix, "6", "--json"))
     assert scaled["targetShardCount"] == 6 and scaled["affectedConsumerGroups"] == [group]
 

@@ -142,7 +142,7 @@ def test_unreachable_coordinator_names_url_setting_and_server(
 
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
-async def test_wrong_password_warns_at_start(
+async def test_wrong_password_stops_at_start(
     coordinator: Any, any_redis: RedisTarget, admin: Any, names: tuple[str, str]
 ) -> None:
     prefix, group = names
@@ -151,10 +151,13 @@ async def test_wrong_password_warns_at_start(
         coordinator, any_redis, base="cli", prefix=prefix, group=group, record=Path(os.devnull)
     )
     env["STREAMKIT_COORDINATOR_PASSWORD"] = "not-the-password"
-    text = run_until(["run", "tests.consumer.apps.recording:app"], env, ["401"])
-    line = next(line for line in text.splitlines() if "401" in line)
+    # Every heartbeat would be refused too: one line, before any member joins.
+    result = run("run", "tests.consumer.apps.recording:app", env=env)
+    assert result.returncode == 2, result
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "401" in line, line
     assert "STREAMKIT_COORDINATOR_USERNAME" in line and "STREAMKIT_COORDINATOR_PASSWORD" in line
-    assert text.index("401") < text.index("serving"), text  # said before anything else
+    assert "serving" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
@@ -257,6 +260,13 @@ async def test_dlq_list_and_replay(
         assert not any(name.startswith(b"x-") for name in fields)  # metadata dropped
     empty = await anyio.to_thread.run_sync(lambda: run("dlq", "list", prefix, group, env=env))
     assert empty.returncode == 0 and "no dead letters" in empty.stderr
+    # Nothing to replay is said, not silent; an id that is not there fails.
+    nothing = await anyio.to_thread.run_sync(lambda: run("dlq", "replay", prefix, group, env=env))
+    assert nothing.returncode == 0 and "nothing to replay" in nothing.stderr, nothing
+    gone = await anyio.to_thread.run_sync(
+        lambda: run("dlq", "replay", prefix, group, "--id", letters[0], env=env)
+    )
+    assert gone.returncode == 1 and f"{letters[0]}  not replayed: no such" in gone.stderr, gone
 
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)

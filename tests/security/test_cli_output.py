@@ -127,3 +127,17 @@ async def test_an_oversized_answer_is_refused_after_a_bounded_read() -> None:
                 await client.list_groups()
         code, _, err = await _cli(url, "group", "list")
     assert code != 0 and "over 16 MiB" in err, err
+
+
+async def test_a_server_that_is_not_a_coordinator_is_named_as_such() -> None:
+    # A 404 page of some other server is not "no such group" (which would send
+    # the user off to create one), and its HTML never reaches the terminal.
+    page = b"<!DOCTYPE html>\n<html><body>\n<h1>Not Found</h1>\n</body></html>\n"
+
+    async with _server(lambda path: (404, page)) as url:
+        for args in (["status", "orders", "billing"], ["publish", "orders", "billing", "k", "a=1"]):
+            code, _, err = await _cli(url, *args)
+            assert code == 2, err
+            assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+            assert "not a streamkit coordinator" in err and "STREAMKIT_COORDINATOR_URL" in err
+            assert "no consumer group" not in err and "<html>" not in err, err

@@ -241,6 +241,8 @@ async def test_failed_logins_are_limited_audited_and_no_secret_reaches_the_log(
         assert statuses == [401] * 10 + [429]
         assert int(wrong.headers["retry-after"]) >= 1
         assert wrong.json()["errorCode"] == "TOO_MANY_REQUESTS"
+        # It says why, so whoever fixed the password knows why it is refused too.
+        assert "too many failed logins as 'member'" in wrong.json()["message"]
         # Over the limit even the right password is refused, by Basic too.
         right = await http.post(login, json={"username": "member", "password": PASSWORDS["member"]})
         assert right.status_code == 429
