@@ -36,7 +36,7 @@ from streamkit.protocol import (
     StreamShardOffsetsResponse,
     WireModel,
 )
-from streamkit.settings import StreamKitSettings
+from streamkit.settings import StreamKitSettings, set_where
 
 M = TypeVar("M", bound=WireModel)
 log = logging.getLogger("streamkit.coordinator")
@@ -304,9 +304,11 @@ def _unreachable(base_url: httpx.URL, method: str, path: str, exc: httpx.HTTPErr
     # is not running, or a client pointed at the wrong place.
     what = "did not answer in time" if isinstance(exc, httpx.TimeoutException) else "is unreachable"
     detail = str(exc) or type(exc).__name__
+    where = set_where("STREAMKIT_COORDINATOR_URL")
     return (
         f"the coordinator at {base_url} {what} ({method} {path}: {detail}); "
         "is streamkit-server running there? STREAMKIT_COORDINATOR_URL sets the address"
+        + (f" (here it comes from {where})" if where else "")
     )
 
 

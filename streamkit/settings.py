@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from streamkit.errors import StreamkitError
 
-__all__ = ["SettingsError", "StreamKitSettings", "default_member_id_base"]
+__all__ = ["SettingsError", "StreamKitSettings", "default_member_id_base", "set_where"]
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _HTTP_SCHEMES = ("http://", "https://")
@@ -27,6 +27,24 @@ _SECRETS = frozenset({"coordinator_password", "coordinator_token", "redis_url"})
 
 class SettingsError(StreamkitError, ValueError):
     """A ``STREAMKIT_*`` setting (or a keyword given for one) is invalid."""
+
+
+def set_where(name: str) -> str:
+    """Where setting ``name`` comes from, for an error line: ``"./.env"`` when
+    the environment lacks it and ``./.env`` sets it (a file ``streamkit dev``
+    writes, and may have left behind), else ``""``."""
+    if name in os.environ:
+        return ""
+    try:
+        with open(".env", encoding="utf-8") as env_file:
+            lines = env_file.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    for line in lines:
+        words = line.strip().removeprefix("export ").lstrip()
+        if words.partition("=")[0].strip().upper() == name.upper():
+            return "./.env"
+    return ""
 
 
 def default_member_id_base() -> str:

@@ -230,6 +230,21 @@ def test_start_up_failure_is_one_line(case: Case, apps: Path) -> None:
     assert_one_error_line(streamkit(case.args, apps, case.env), case.fragments)
 
 
+def test_a_coordinator_url_from_a_left_over_env_file_is_named(tmp_path: Path) -> None:
+    # What a killed `streamkit dev` leaves behind: the error says where the URL came from.
+    (tmp_path / ".env").write_text(f"STREAMKIT_COORDINATOR_URL=http://127.0.0.1:{free_port()}\n")
+    line = assert_one_error_line(
+        streamkit(["stream", "create", "orders"], tmp_path), ["the coordinator at"]
+    )
+    assert line.endswith("(here it comes from ./.env)"), line
+    # Set in the environment, the file is not what steers it.
+    elsewhere = {"STREAMKIT_COORDINATOR_URL": f"http://127.0.0.1:{free_port()}"}
+    line = assert_one_error_line(
+        streamkit(["stream", "create", "orders"], tmp_path, elsewhere), ["the coordinator at"]
+    )
+    assert ".env" not in line, line
+
+
 @pytest.mark.parametrize("how", ["env", "flag"])
 def test_debug_shows_the_traceback(how: str, apps: Path) -> None:
     if how == "env":
