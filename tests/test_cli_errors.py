@@ -166,6 +166,12 @@ CASES = [
         {"STREAMKIT_REDIS_URL": _UNREACHABLE_REDIS},
     ),
     Case(
+        "run --workers 2: redis unreachable, said once",
+        ["run", "good:app", "--workers", "2"],
+        ["cannot reach Redis at", "is redis-server running there?"],
+        {"STREAMKIT_REDIS_URL": _UNREACHABLE_REDIS},
+    ),
+    Case(
         "coordinator unreachable",
         ["stream", "create", "orders"],
         ["the coordinator at http://127.0.0.1:", "STREAMKIT_COORDINATOR_URL sets the address"],

@@ -6,6 +6,7 @@ import functools
 import logging
 import os
 import signal
+import subprocess
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -149,14 +150,17 @@ async def _supervise(target: str, workers: int, log_level: str) -> int:
                 env=env,
                 stdin=None,
                 stdout=None,
-                stderr=None,
+                stderr=subprocess.PIPE,  # relayed: see _relay_stderr
                 # Own session: a terminal's Ctrl-C reaches only us; we forward
                 # one SIGTERM each, so workers drain instead of force-stopping.
                 start_new_session=True,
             )
         )
     status = 0
+    printed: set[str] = set()
     async with anyio.create_task_group() as tg:
+        for proc in processes:
+            tg.start_soon(_relay_stderr, proc, printed)
 
         async def relay() -> None:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -175,9 +179,33 @@ async def _supervise(target: str, workers: int, log_level: str) -> int:
                     if other.returncode is None:
                         other.terminate()
 
-        tg.start_soon(relay)
-        async with anyio.create_task_group() as waiters:
-            for proc in processes:
-                waiters.start_soon(watch, proc)
-        tg.cancel_scope.cancel()
+        async with anyio.create_task_group() as forwarding:
+            forwarding.start_soon(relay)
+            async with anyio.create_task_group() as waiters:
+                for proc in processes:
+                    waiters.start_soon(watch, proc)
+            forwarding.cancel_scope.cancel()
+        # tg now waits for the stderr relays: each ends at its worker's end of output.
     return status
+
+
+async def _relay_stderr(proc: anyio.abc.Process, printed: set[str]) -> None:
+    """Copy a worker's stderr to ours, line by line, except an ``error:`` line
+    another worker already printed: N workers failing the same start-up check
+    say it once, not N times."""
+    from anyio.streams.text import TextReceiveStream
+
+    assert proc.stderr is not None
+    pending = ""
+    async for chunk in TextReceiveStream(proc.stderr, errors="replace"):
+        pending += chunk
+        *lines, pending = pending.split("\n")
+        for line in lines:
+            if line.startswith("error: "):
+                if line in printed:
+                    continue
+                printed.add(line)
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    if pending:
+        sys.stderr.write(pending + "\n")
