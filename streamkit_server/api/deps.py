@@ -17,7 +17,7 @@ from streamkit_server.auth.security import AuthError, Principal, Role, basic_use
 from streamkit_server.errors import ApiError
 from streamkit_server.runtime import Runtime
 from streamkit_server.store.keys import GroupKeys
-from streamkit_server.store.provisioning import validate_consumer_group, validate_stream_prefix
+from streamkit_server.store.provisioning import validate_group_names
 
 __all__ = [
     "AUTHORIZE",
@@ -211,8 +211,7 @@ async def rate_limit_member(rt: Runtime, prefix: str, group: str) -> None:
         return
     settings = rt.settings
     # Valid names only: a counter key per invalid name would be client-chosen.
-    validate_stream_prefix(prefix)
-    validate_consumer_group(group)
+    validate_group_names(prefix, group)
     # Batched: the fleet-wide count is shared in batches (about once a second
     # far from the limit), not one round trip per heartbeat (check_batched).
     await rt.limiter.check_batched(
@@ -264,6 +263,5 @@ def keys_for(request: Request, streamPrefix: str, consumerGroup: str) -> GroupKe
 
 def valid_keys(rt: Runtime, prefix: str, group: str) -> GroupKeys:
     """The group's Redis keys, once its names are valid (``Rejected`` if not)."""
-    validate_stream_prefix(prefix)
-    validate_consumer_group(group)
+    validate_group_names(prefix, group)
     return rt.service.keys(prefix, group)

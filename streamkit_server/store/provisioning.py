@@ -27,6 +27,7 @@ __all__ = [
     "Provisioner",
     "unsafe_char",
     "validate_consumer_group",
+    "validate_group_names",
     "validate_member_id",
     "validate_stream_prefix",
 ]
@@ -93,6 +94,18 @@ def validate_consumer_group(value: str) -> str:
     # ':' separates streamPrefix and group inside the metadata hash tag; a
     # group without ':' keeps "{a:b:c}" unambiguous.
     return _validate_name(value, "consumerGroup", "INVALID_CONSUMER_GROUP", extra=":")
+
+
+@functools.lru_cache(maxsize=4096)
+def validate_group_names(stream_prefix: str, consumer_group: str) -> None:
+    """Both names of a group (``CoordinatorError`` if one is invalid).
+
+    Every heartbeat checks them, twice (before its rate limit counts, then for
+    its keys): valid pairs are remembered, a few thousand at most, so a fleet's
+    heartbeats pay a dictionary lookup.  A refusal is never remembered.
+    """
+    validate_stream_prefix(stream_prefix)
+    validate_consumer_group(consumer_group)
 
 
 def validate_member_id(value: str) -> str:
