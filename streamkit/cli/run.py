@@ -185,7 +185,10 @@ async def _supervise(target: str, workers: int, log_level: str) -> int:
                 for proc in processes:
                     waiters.start_soon(watch, proc)
             forwarding.cancel_scope.cancel()
-        # tg now waits for the stderr relays: each ends at its worker's end of output.
+        # The stderr relays end at their worker's end of output; a process the
+        # app started and left running could hold the pipe open, so they get
+        # two seconds, not forever.
+        tg.cancel_scope.deadline = anyio.current_time() + 2
     return status
 
 
