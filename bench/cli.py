@@ -38,6 +38,7 @@ from pathlib import Path
 import redis
 
 from streamkit import Publisher
+from streamkit.demo.dev import client_env
 from streamkit.settings import StreamKitSettings
 from streamkit.testing import RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -151,14 +152,7 @@ def main() -> None:
         CoordinatorProcess(server.url, heartbeat_interval_ms=3_000, member_lease_ttl_ms=15_000,
                            rebalance_timeout_ms=60_000, tick_interval_ms=1_000) as coordinator,
     ):  # fmt: skip
-        user, password = coordinator.admin_auth
-        env = {
-            **clean,
-            "STREAMKIT_COORDINATOR_URL": coordinator.url,
-            "STREAMKIT_COORDINATOR_USERNAME": user,
-            "STREAMKIT_COORDINATOR_PASSWORD": password,
-            "STREAMKIT_REDIS_URL": server.url,
-        }
+        env = {**clean, **client_env(coordinator, server.url, cluster=False)}
         run = [*STREAMKIT, "run", "samples.orders.app:app"]
         # The first start creates the sample's streams (8 shards for orders).
         first, _ = until_line(run, env, "assigned shards")

@@ -306,6 +306,7 @@ async def test_a_coordinator_whose_redis_is_down_then_back(apps: Path) -> None:
     """While the coordinator's Redis is down, commands say so in one line that
     names the fix; once it is back, the very first command works (the
     coordinator's stale pooled connection costs one retried read, not an error)."""
+    from streamkit.demo.dev import client_env
     from streamkit.testing import RedisServer
     from streamkit.testing.coordinator import CoordinatorProcess
 
@@ -313,13 +314,7 @@ async def test_a_coordinator_whose_redis_is_down_then_back(apps: Path) -> None:
     with RedisServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"]) as server:
         with CoordinatorProcess(server.url) as coordinator:
             await create_group(coordinator, "orders", "billing", 2)
-            user, password = coordinator.admin_auth
-            env = {
-                "STREAMKIT_COORDINATOR_URL": coordinator.url,
-                "STREAMKIT_COORDINATOR_USERNAME": user,
-                "STREAMKIT_COORDINATOR_PASSWORD": password,
-                "STREAMKIT_REDIS_URL": server.url,
-            }
+            env = client_env(coordinator, server.url, cluster=False)
             server.kill()
             result = streamkit(["dlq", "list", "orders", "billing"], apps, env)
             line = assert_one_error_line(result, ["cannot reach Redis", "STREAMKIT_REDIS_URL"])

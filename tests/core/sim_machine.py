@@ -123,7 +123,7 @@ class ProtocolSimulation(RuleBasedStateMachine):
             machine.request_failed()
             return
         origin, principal = self._origin(request), member.principal
-        self.network.copy(request, self.redis, origin, principal)
+        self.network.hold(request, self.redis, origin, principal, copy=True)
         if fate == "delay":
             # The client times out and moves on; the request arrives later.
             self.network.hold(request, self.redis, origin, principal)

@@ -494,17 +494,13 @@ class Network:
         redis: Redis,
         origin: Snapshot | None,
         principal: str | None = None,
+        *,
+        copy: bool = False,
     ) -> None:
-        self.delayed.append(Held(request, len(redis.history), origin=origin, principal=principal))
-
-    def copy(
-        self,
-        request: HeartbeatRequest,
-        redis: Redis,
-        origin: Snapshot | None,
-        principal: str | None = None,
-    ) -> None:
-        self.copies.append(Held(request, len(redis.history), origin=origin, principal=principal))
+        """Delay ``request`` (it arrives late instead of now), or with ``copy``
+        keep a copy of a request that was also delivered."""
+        held = Held(request, len(redis.history), origin=origin, principal=principal)
+        (self.copies if copy else self.delayed).append(held)
 
     def history_lost_from(self, index: int) -> None:
         """Redis kept only its first ``index`` snapshots."""

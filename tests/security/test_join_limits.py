@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+from helpers import create_group
 from two_principals import API, A, B, heartbeat, start
 
 from streamkit.testing import RedisServer
@@ -32,11 +33,7 @@ async def test_a_loop_of_joins_is_limited_per_principal(
     a, b = A, B
     group = f"{API}/streams/joins/groups/g"
     async with httpx.AsyncClient(base_url=coord.url, timeout=10) as http:
-        created = await http.post(
-            group, json={"initialShardCount": 2, "requestedBy": "t", "reason": "t"},
-            auth=coord.admin_auth,
-        )  # fmt: skip
-        assert created.status_code == 201, created.text
+        await create_group(coord, "joins", "g", 2, http=http)
 
         def url(member: str) -> str:
             return f"{group}/members/{member}/heartbeat"

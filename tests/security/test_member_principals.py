@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import httpx
+from helpers import create_group
 from two_principals import API, A, B, start
 from two_principals import heartbeat as _hb
 
@@ -21,11 +22,7 @@ async def test_only_the_joining_principal_can_leave_a_member_without_incarnation
     a, b = A, B
     group = f"{API}/streams/principals/groups/g"
     async with httpx.AsyncClient(base_url=coord.url, timeout=10) as http:
-        created = await http.post(
-            group, json={"initialShardCount": 2, "requestedBy": "t", "reason": "t"},
-            auth=coord.admin_auth,
-        )  # fmt: skip
-        assert created.status_code == 201, created.text
+        await create_group(coord, "principals", "g", 2, http=http)
         url = f"{group}/members/ref-1/heartbeat"
         joined = (await http.post(url, json=_hb("ref-1", 0), auth=a)).json()
         epoch, version = joined["memberEpoch"], joined["metadataVersion"]
