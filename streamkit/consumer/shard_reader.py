@@ -45,6 +45,8 @@ _MIN_BLOCK_MS = 5
 _FINAL_FLUSH_S = 5.0
 
 T = TypeVar("T")
+#: Entries read, claimed ones' delivery counts, their markers if the read answered.
+_Batch = tuple[list[Entry], dict[bytes, int], list[bool] | None]
 
 
 class Lease(Protocol):
@@ -118,8 +120,6 @@ class ShardReader:
         #: The failure policy halted the shard: no reads until it is assigned again.
         self.halted = False
         self._claiming = host.options.claim_pending
-        # Markers of the last read's entries, when the read answered them.
-        self._marks: list[bool] | None = None
         self._claim_cursor = END_OF_PEL
         self._idle = False
         # Cancelled by halt(): the blocking read and every wait, never a handler.
@@ -222,7 +222,7 @@ class ShardReader:
             try:
                 if self.may_read():
                     try:
-                        entries, counts = await self._read_within_lease(granted)
+                        entries, counts, marks = await self._read_within_lease(granted)
                     except (RedisError, OSError) as exc:
                         error = exc
                         if is_unreachable_error(exc):
@@ -236,7 +236,7 @@ class ShardReader:
                             )
                             if self.idempotence is not None:
                                 entries = await self._acks.skip_marked(
-                                    entries, self._within_lease, self._marks
+                                    entries, self._within_lease, marks
                                 )
                             await host.dispatcher.handle(self, entries, counts)
                             if self._acks.rare:
@@ -250,7 +250,7 @@ class ShardReader:
                 self._io.log_read_error(error, failures, self._host.redis_address)
                 await self.interruptibly(anyio.sleep(backoff_s(failures)))
 
-    async def _read_within_lease(self, count: int) -> tuple[list[Entry], dict[bytes, int]]:
+    async def _read_within_lease(self, count: int) -> _Batch:
         """``_read_batch``, but no Redis command of it outlives the assignment lease."""
         try:
             return await self._read_batch(count)
@@ -267,7 +267,7 @@ class ShardReader:
             if self._host.options.claim_pending:
                 self._claiming = True
                 self._claim_cursor = END_OF_PEL
-            return [], {}
+            return [], {}, None
 
     async def _within_lease(self, command: Awaitable[T]) -> T:
         """Await one Redis command; raise ``LeaseCut`` if the lease ends first.
@@ -282,17 +282,17 @@ class ShardReader:
             return await command
         raise LeaseCut
 
-    async def _read_batch(self, count: int) -> tuple[list[Entry], dict[bytes, int]]:
+    async def _read_batch(self, count: int) -> _Batch:
         """The next entries: claimed leftovers first, then redeliveries, then
         due retries (topped up with new entries), then new ones.  Also the
-        delivery counts of the entries that were claimed (the others: 1)."""
+        delivery counts of the entries that were claimed (the others: 1), and
+        whether each has a marker when the read answered it (idempotent)."""
         retries = self._retries
-        self._marks = None
         if self._claiming or self._redeliver or retries.due(monotonic_ms()):
             await self._acks.flush()  # rare paths: the acks go out on their own
         if self._claiming:
             entries = await self._claim(count)
-            return entries, await self._delivery_counts(entries)
+            return entries, await self._delivery_counts(entries), None
         if self._redeliver:
             ids, self._redeliver = self._redeliver[:count], self._redeliver[count:]
             try:
@@ -300,7 +300,7 @@ class ShardReader:
             except BaseException:
                 self._redeliver[:0] = ids
                 raise
-            return entries, await self._delivery_counts(entries)
+            return entries, await self._delivery_counts(entries), None
         due = retries.take_due(count, monotonic_ms())
         if due:
             try:
@@ -317,14 +317,14 @@ class ShardReader:
             known = dict(due)
             counts = {entry_id: known[entry_id] for entry_id, _ in claimed}
             self._idle = not fresh
-            return claimed + fresh, counts
-        entries = await self._read_new(count, block=self._idle)
+            return claimed + fresh, counts, None
+        entries, marks = await self._read_new(count, block=self._idle)
         # A read that came back short (blocking or not) found the stream
         # drained: block at once next time instead of sending a read certain
         # to be empty (at low load that read was one of three commands per
         # message).  A full one may have left a backlog: read on without BLOCK.
         self._idle = len(entries) < count
-        return entries, {}
+        return entries, {}, marks
 
     async def interruptibly(self, awaitable: Awaitable[Any]) -> Any:
         """Await ``awaitable`` unless ``halt()`` comes first (then: None)."""
@@ -341,7 +341,7 @@ class ShardReader:
 
     # -- reads -------------------------------------------------------------------
 
-    async def _read_new(self, count: int, *, block: bool) -> list[Entry]:
+    async def _read_new(self, count: int, *, block: bool) -> tuple[list[Entry], list[bool] | None]:
         host = self._host
         block_ms: int | None = None
         if block:
@@ -351,7 +351,7 @@ class ShardReader:
                 # Too little lease left to block; wait for the next heartbeat.
                 await self._acks.flush()
                 await self.interruptibly(host.wait_for_change())
-                return []
+                return [], None
             if self._retries:  # wake up for the next parked retry
                 block_ms = max(
                     _MIN_BLOCK_MS, min(block_ms, self._retries.until_due_ms(monotonic_ms()))
@@ -364,17 +364,17 @@ class ShardReader:
         commits, chunks, ahead = self._acks.take_commits() if block_ms is None else ([], [], [])
         entries: list[Entry] | Exception = []
         ahead_replies: list[Any] = []
-        marks = self.idempotence is not None
+        wanted, marks = self.idempotence is not None, None
         try:
             with self._observed_read() as tally:
-                sent = self._io.read(count, block_ms, acks, ahead, ahead_replies, with_marks=marks)
+                sent = self._io.read(count, block_ms, acks, ahead, ahead_replies, with_marks=wanted)
                 read = self._within_lease(sent)
                 reply = await (read if block_ms is None else self.interruptibly(read))
                 if reply is None:  # halted while blocking: the XACK's fate is unknown
                     self._acks.requeue(acks)
                     acks = []
                 else:
-                    ack_reply, entries, self._marks = reply
+                    ack_reply, entries, marks = reply
                     if acks:
                         self._acks.book(acks, ack_reply)
                         acks = []  # booked or queued again
@@ -393,7 +393,7 @@ class ShardReader:
             raise
         assert not isinstance(entries, Exception)
         self._acks.pending_count += tally.count
-        return entries
+        return entries, marks
 
     async def _claim(self, count: int) -> list[Entry]:
         """One XAUTOCLAIM step; goes on claiming with the next read until the end."""
