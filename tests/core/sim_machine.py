@@ -767,7 +767,8 @@ class ProtocolSimulation(RuleBasedStateMachine):
         if sharp:
             sims = [s for s in self.members.values() if s.reference and s.holding(self.now)]
             sims = sims or [self.members[member]]
-        target = sims[MEMBERS.index(member) % len(sims)].member_id
+        victim = sims[MEMBERS.index(member) % len(sims)]
+        target = victim.member_id
         record = self.redis.current[1].members.get(target)
         epoch = -1 if leave or record is None else record.member_epoch
         request = HeartbeatRequest(
@@ -781,8 +782,12 @@ class ProtocolSimulation(RuleBasedStateMachine):
             ),
             incarnation=incarnation,
         )
-        others = sorted({sim.principal for sim in self.members.values()} - {f"p-{member}"})
-        principal = others[0] if insider else "intruder"
+        # Never the victim's own credential: a leave signed with it is the
+        # member's own leave (stealing a credential is outside the model).
+        others = sorted(
+            {sim.principal for sim in self.members.values()} - {f"p-{member}", victim.principal}
+        )
+        principal = others[0] if insider and others else "intruder"
         COVERAGE.count("forged_leaves" if leave else "forged_reports")
         self.deliver_late_duplicate_of(request, process, principal=principal)
 
