@@ -47,6 +47,8 @@ async def consume(args: argparse.Namespace, target: RedisTarget, coordinator: ob
         for idempotent in (False, True) if attempt % 2 == 0 else (True, False):
             tag = f"{'idem' if idempotent else 'plain'}{attempt}"
             client_cpu: list[float] = []
+            if args.stats:
+                await redis.config_resetstat()
             before = await _redis_cpu_s(redis)
             rate = await streamkit_run(
                 coordinator,  # type: ignore[arg-type]
@@ -62,6 +64,8 @@ async def consume(args: argparse.Namespace, target: RedisTarget, coordinator: ob
             )
             server_us = (await _redis_cpu_s(redis) - before) * 1e6 / (args.messages)
             rates[idempotent].append(rate)
+            if args.stats:
+                print("   ", await _calls_per_read(redis, args.messages))
             cpus[idempotent].append(client_cpu[0] + server_us)
             print(
                 f"  {'idempotent' if idempotent else 'plain':<12}{rate:>10,.0f} entries/s"
@@ -80,6 +84,16 @@ async def consume(args: argparse.Namespace, target: RedisTarget, coordinator: ob
         f"idempotent {idem_cpu:.1f} µs = {idem_cpu / plain_cpu:.2f}x"
     )
     await redis.aclose()
+
+
+async def _calls_per_read(redis: object, entries: int) -> str:
+    """Commands Redis ran in the run, per 100 entries, and their time per entry."""
+    stats = await redis.info("commandstats")  # type: ignore[attr-defined]
+    return ", ".join(
+        f"{name[8:]} {s['calls'] * 100 / entries:.1f}/100 {s['usec'] / entries:.2f} µs"
+        for name, s in sorted(stats.items())
+        if s["calls"] * 100 >= entries and name[8:] not in ("info", "config|resetstat")
+    )
 
 
 async def _redis_cpu_s(redis: object) -> float:
@@ -138,6 +152,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--memory-ids", type=int, default=100_000)
+    parser.add_argument(
+        "--stats", action="store_true", help="print the commands Redis ran per 100 entries"
+    )
     args = parser.parse_args()
     with RedisServer() as server, bench_coordinator(server.url) as coordinator:
         target = RedisTarget(url=server.url, cluster=False)
