@@ -41,7 +41,7 @@ _RETRY_CAP_MS = 5_000
 _LEAVE_ATTEMPTS = 3
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class HeartbeatSender:
     """Sends one member's heartbeats (and its leave) for ``stream_prefix``/``consumer_group``."""
 

@@ -46,7 +46,7 @@ __all__ = [
 log = logging.getLogger("streamkit.poller")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class ShardPoller:
     """All read loops of one member, sharing its in-flight budget."""
 

@@ -59,7 +59,7 @@ class RefreshFlight:
         self.task: asyncio.Task[None] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class RoutingSource:
     """Where one publisher's routing comes from, shared by its router and refresher."""
 

@@ -112,7 +112,7 @@ class LagHistory:
             del self._samples[key]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class LagSampler:
     """Reads every group's shard figures every ``interval_ms`` (0: never)."""
 

@@ -41,7 +41,7 @@ log = logging.getLogger("streamkit_server.loop")
 _INDEX_REBUILD_S = 60.0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class TickLoop:
     service: CoordinatorService
     interval_ms: InitVar[int]

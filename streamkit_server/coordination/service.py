@@ -82,7 +82,7 @@ def _log_audit(record: dict[str, Any]) -> None:
     )
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class CoordinatorService:
     store: MetadataStore
     provisioner: Provisioner
