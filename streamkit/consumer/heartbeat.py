@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import KW_ONLY, dataclass, field
 
 import anyio
 from opentelemetry import trace
@@ -40,40 +41,34 @@ _RETRY_CAP_MS = 5_000
 _LEAVE_ATTEMPTS = 3
 
 
+@dataclass(eq=False, repr=False)
 class HeartbeatSender:
     """Sends one member's heartbeats (and its leave) for ``stream_prefix``/``consumer_group``."""
 
-    def __init__(
-        self,
-        machine: MemberStateMachine,
-        client: CoordinatorClient,
-        *,
-        stream_prefix: str,
-        consumer_group: str,
-        request_timeout_s: float,
-        debug_tracer: trace.Tracer | None,
-    ) -> None:
-        self._machine = machine
-        self._client = client
-        self._prefix = stream_prefix
-        self._group = consumer_group
-        self.request_timeout_s = request_timeout_s
-        self._debug_tracer = debug_tracer
-        #: Answered heartbeats with their round-trip time, and failed ones (metrics).
-        self.timing = Timing()
+    machine: MemberStateMachine
+    client: CoordinatorClient
+    _: KW_ONLY
+    stream_prefix: str
+    consumer_group: str
+    request_timeout_s: float
+    debug_tracer: trace.Tracer | None
+    #: Answered heartbeats with their round-trip time, and failed ones (metrics).
+    timing: Timing = field(default_factory=Timing, init=False)
 
     async def send(self, request: HeartbeatRequest) -> HeartbeatResponse:
         """One heartbeat, within ``request_timeout_ms()``."""
         span = None
-        if self._debug_tracer is not None:
-            span = self._debug_tracer.start_span("streamkit heartbeat", kind=SpanKind.CLIENT)
+        if self.debug_tracer is not None:
+            span = self.debug_tracer.start_span("streamkit heartbeat", kind=SpanKind.CLIENT)
             if span.is_recording():
-                span.set_attribute("streamkit.member_id", self._machine.member_id)
+                span.set_attribute("streamkit.member_id", self.machine.member_id)
                 span.set_attribute("streamkit.epoch", request.member_epoch)
         started = time.perf_counter()
         try:
             with anyio.fail_after(self.request_timeout_ms() / 1000):
-                response = await self._client.heartbeat(self._prefix, self._group, request)
+                response = await self.client.heartbeat(
+                    self.stream_prefix, self.consumer_group, request
+                )
         except Exception as exc:  # not cancellation: a stop is no failed heartbeat
             self.timing.failures += 1
             end_span(span, exc)
@@ -87,7 +82,7 @@ class HeartbeatSender:
 
     async def leave(self, *, for_restart: bool) -> None:
         """Leave the group (epoch -1); after a few failures the member lease does it."""
-        machine = self._machine
+        machine = self.machine
         for attempt in range(1, _LEAVE_ATTEMPTS + 1):
             request = machine.leave_request(monotonic_ms(), for_restart=for_restart)
             try:
@@ -116,21 +111,21 @@ class HeartbeatSender:
     def request_timeout_ms(self) -> int:
         """A heartbeat may take as long as the lease has left, but at least an
         interval: a hung coordinator must not keep us from trying again."""
-        interval = self._machine.heartbeat_interval_ms
-        remaining = self._machine.lease_remaining_ms(monotonic_ms())
+        interval = self.machine.heartbeat_interval_ms
+        remaining = self.machine.lease_remaining_ms(monotonic_ms())
         return int(min(self.request_timeout_s * 1000, max(interval, remaining)))
 
     def retry_delay_ms(self, failures: int) -> int:
-        interval = self._machine.heartbeat_interval_ms
+        interval = self.machine.heartbeat_interval_ms
         cap = max(interval, min(_RETRY_CAP_MS, 10 * interval))
-        if self._machine.lease_valid(monotonic_ms()):
+        if self.machine.lease_valid(monotonic_ms()):
             # Keep the lease alive: at least one attempt per interval.
             cap = min(cap, interval)
         return int(jittered_backoff(failures, _RETRY_BASE_MS, cap, random.random()))
 
     def log_failure(self, exc: BaseException, failures: int) -> None:
         if failures == 1 or failures % 10 == 0:
-            machine = self._machine
+            machine = self.machine
             if not machine.joined:
                 lease = "not joined yet"
             elif machine.lease_valid(monotonic_ms()):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, InitVar, dataclass
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -45,48 +46,47 @@ __all__ = [
 log = logging.getLogger("streamkit.poller")
 
 
+@dataclass(eq=False, repr=False)
 class ShardPoller:
     """All read loops of one member, sharing its in-flight budget."""
 
-    def __init__(
+    machine: MemberStateMachine
+    redis: AsyncRedis
+    _: KW_ONLY
+    stream_prefix: str
+    consumer_group: str
+    handler: InitVar[Handler | None] = None
+    batch_handler: InitVar[BatchHandler | None] = None
+    options: PollerOptions
+    xackdel: bool = False
+    observer: ReadObserver | None = None
+    middlewares: InitVar[Sequence[Middleware]] = ()
+
+    def __post_init__(
         self,
-        machine: MemberStateMachine,
-        redis: AsyncRedis,
-        *,
-        stream_prefix: str,
-        consumer_group: str,
-        handler: Handler | None = None,
-        batch_handler: BatchHandler | None = None,
-        options: PollerOptions,
-        xackdel: bool = False,
-        observer: ReadObserver | None = None,
-        middlewares: Sequence[Middleware] = (),
+        handler: Handler | None,
+        batch_handler: BatchHandler | None,
+        middlewares: Sequence[Middleware],
     ) -> None:
-        self.machine = machine
-        self.redis = redis
-        self.stream_prefix = stream_prefix
-        self.consumer_group = consumer_group
-        self.member_id = machine.member_id
-        self.options = options
-        self.xackdel = xackdel
-        self.observer = observer
-        self.middlewares = tuple(middlewares)
+        self.member_id = self.machine.member_id
         self.invoker = Invoker(
-            stream_prefix=stream_prefix,
-            consumer_group=consumer_group,
+            stream_prefix=self.stream_prefix,
+            consumer_group=self.consumer_group,
             member_id=self.member_id,
-            options=options,
+            options=self.options,
             handler=handler,
             batch_handler=batch_handler,
-            middlewares=self.middlewares,
+            middlewares=middlewares,
         )
-        self.dispatcher = Dispatcher(self.invoker, options)
-        self.gate = FairGate(options.max_in_flight)
+        self.dispatcher = Dispatcher(self.invoker, self.options)
+        self.gate = FairGate(self.options.max_in_flight)
         #: Outcomes of reads and acks: the member gives its shards back when
         #: Redis stays unreachable (see ``streamkit.redis_health``).
         self.reachability = RedisReachability()
-        self.redis_address = redis_address(redis)
-        self.dead_letter_key = options.policy.dead_letter_key(stream_prefix, consumer_group)
+        self.redis_address = redis_address(self.redis)
+        self.dead_letter_key = self.options.policy.dead_letter_key(
+            self.stream_prefix, self.consumer_group
+        )
         #: shard -> the entry that halted it (``on_exhausted="halt"``).
         self.halted: dict[int, str] = {}
         #: Entries written to the dead-letter stream (metrics).

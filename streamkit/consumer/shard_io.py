@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, InitVar, dataclass
 from typing import Any
 
 import redis.asyncio as redis_asyncio
@@ -136,31 +137,26 @@ async def supports_xackdel(redis: AsyncRedis) -> bool:
     return True
 
 
+@dataclass(eq=False)
 class ShardIO:
     """One shard's commands, for one member (its consumer name)."""
 
-    def __init__(
-        self,
-        redis: AsyncRedis,
-        *,
-        stream_key: str,
-        consumer_group: str,
-        member_id: str,
-        xackdel: bool,
-        dead_letter_key: str,
-        dead_letter_maxlen: int,
-    ) -> None:
-        self.redis = redis
-        self.stream_key = stream_key
-        self.consumer_group = consumer_group
-        self.member_id = member_id
-        self.xackdel = xackdel
-        self.dead_letter_key = dead_letter_key
-        self._dead_letter_head = ("XADD", dead_letter_key, "MAXLEN", "~", dead_letter_maxlen, "*")
+    redis: AsyncRedis
+    _: KW_ONLY
+    stream_key: str
+    consumer_group: str
+    member_id: str
+    xackdel: bool
+    dead_letter_key: str
+    dead_letter_maxlen: InitVar[int]
+
+    def __post_init__(self, dead_letter_maxlen: int) -> None:
+        head = ("XADD", self.dead_letter_key, "MAXLEN", "~", dead_letter_maxlen, "*")
+        self._dead_letter_head = head
         #: Redis Cluster: a dead letter and its shard are in different slots.
-        self.cluster = isinstance(redis, redis_asyncio.RedisCluster)
-        self.marker_key = marker_key(stream_key, consumer_group)
-        self.fence_key = fence_key(stream_key, consumer_group)
+        self.cluster = isinstance(self.redis, redis_asyncio.RedisCluster)
+        self.marker_key = marker_key(self.stream_key, self.consumer_group)
+        self.fence_key = fence_key(self.stream_key, self.consumer_group)
 
     def log_read_error(self, exc: BaseException, failures: int, address: str) -> None:
         """Log the 1st, 10th, 20th ... failure in a row of this shard's reads."""

@@ -51,6 +51,7 @@ from streamkit.publisher.idempotence import (
     send_merged,
     supports_idmp,
 )
+from streamkit.publisher.refresher import RoutingSource
 from streamkit.publisher.router import Router, RoutingSnapshot
 from streamkit.publisher.routing_cache import RoutingCache
 from streamkit.publisher.send_loop import Ids
@@ -162,9 +163,8 @@ class Publisher(AsyncClosing, PublisherViews):
             settings.routing_lease,
             name=f"{stream_prefix}/{consumer_group}",
         )
-        self._router = Router(
-            cache, self._coordinator, stream_prefix, consumer_group, clock=clock, maxlen=maxlen
-        )
+        source = RoutingSource(cache, self._coordinator, stream_prefix, consumer_group, clock)
+        self._router = Router(source, maxlen=maxlen)
         # Concurrent publish() calls share one pipeline (streamkit.publisher.coalescer);
         # off, each call is its own round trip.
         self._coalescer: CommandCoalescer | None = (

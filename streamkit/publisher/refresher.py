@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import anyio
 import httpx
@@ -32,7 +33,7 @@ from streamkit.errors import StreamkitError
 from streamkit.protocol import ProducerRoutingResponse
 from streamkit.publisher.routing_cache import RoutingCache, RoutingTable
 
-__all__ = ["RefreshFlight", "RefresherClosed", "RoutingRefresher"]
+__all__ = ["RefreshFlight", "RefresherClosed", "RoutingRefresher", "RoutingSource"]
 
 log = logging.getLogger("streamkit.producer")
 
@@ -58,24 +59,35 @@ class RefreshFlight:
         self.task: asyncio.Task[None] | None = None
 
 
+@dataclass(frozen=True, slots=True, repr=False)
+class RoutingSource:
+    """Where one publisher's routing comes from, shared by its router and refresher."""
+
+    cache: RoutingCache
+    coordinator: CoordinatorClient
+    stream_prefix: str
+    consumer_group: str
+    clock: Callable[[], float]
+
+    @property
+    def name(self) -> str:
+        return f"{self.stream_prefix}/{self.consumer_group}"
+
+    async def fetch(self) -> ProducerRoutingResponse:
+        return await self.coordinator.get_routing(self.stream_prefix, self.consumer_group)
+
+
 class RoutingRefresher:
     """Fetches routing for one ``(stream_prefix, consumer_group)`` into a cache."""
 
     def __init__(
         self,
-        cache: RoutingCache,
-        coordinator: CoordinatorClient,
-        stream_prefix: str,
-        consumer_group: str,
+        source: RoutingSource,
         *,
-        clock: Callable[[], float],
         on_finished: Callable[[RefreshFlight], None] | None = None,
     ) -> None:
-        self.cache = cache
-        self._coordinator = coordinator
-        self._prefix = stream_prefix
-        self._group = consumer_group
-        self._clock = clock
+        self.source = source
+        self.cache = source.cache
         self._on_finished = on_finished
         self._flight: RefreshFlight | None = None
         self._last: RefreshFlight | None = None
@@ -140,7 +152,7 @@ class RoutingRefresher:
 
     def _start(self) -> RefreshFlight:
         if self._closed:
-            raise RefresherClosed(f"routing refresher for {self._prefix}/{self._group} is closed")
+            raise RefresherClosed(f"routing refresher for {self.source.name} is closed")
         self._started += 1
         flight = RefreshFlight(self._started)
         self._flight = flight
@@ -149,7 +161,7 @@ class RoutingRefresher:
         # be exited by that same task. redis.asyncio already ties us to asyncio.
         # We keep the reference (asyncio only keeps weak ones) until it is done.
         flight.task = asyncio.get_running_loop().create_task(
-            self._run(flight), name=f"streamkit routing refresh {self._prefix}/{self._group}"
+            self._run(flight), name=f"streamkit routing refresh {self.source.name}"
         )
         return flight
 
@@ -157,17 +169,16 @@ class RoutingRefresher:
         cache = self.cache
         # The lease runs from when the request was *sent*: the answer was true
         # at some point after that, never before.
-        sent_at = self._clock()
+        sent_at = self.source.clock()
         try:
             answer = await self._fetch()
             table = RoutingTable.from_wire(answer.to_wire(), sent_at)
         except Exception as exc:  # any failure keeps the cache; its lease decides
             flight.error = exc
-            cache.refresh_failed(self._clock(), exc)
+            cache.refresh_failed(self.source.clock(), exc)
             log.warning(
-                "producer routing refresh for %s/%s failed (%d in a row): %s",
-                self._prefix,
-                self._group,
+                "producer routing refresh for %s failed (%d in a row): %s",
+                self.source.name,
                 cache.consecutive_failures,
                 exc,
             )
@@ -176,7 +187,7 @@ class RoutingRefresher:
             raise
         else:
             older = cache.older_responses
-            flight.replaced = cache.apply(table, self._clock())
+            flight.replaced = cache.apply(table, self.source.clock())
             flight.ignored_older = cache.older_responses > older
             self.refreshes += 1
             self.replacements += flight.replaced
@@ -185,11 +196,10 @@ class RoutingRefresher:
                 # never go back, and say so loudly: an operator should alert on it
                 # (``routing_cache.older_responses``).
                 log.warning(
-                    "coordinator answered producer routing version %d for %s/%s, older "
+                    "coordinator answered producer routing version %d for %s, older "
                     "than the version %d in use (highest seen %d); ignored",
                     table.metadata_version,
-                    self._prefix,
-                    self._group,
+                    self.source.name,
                     cache.table.metadata_version if cache.table else -1,
                     cache.highest_seen_version,
                 )
@@ -202,7 +212,7 @@ class RoutingRefresher:
 
     async def _fetch(self) -> ProducerRoutingResponse:
         try:
-            return await self._coordinator.get_routing(self._prefix, self._group)
+            return await self.source.fetch()
         except CoordinatorUnavailable as exc:
             # The coordinator (uvicorn) closes keep-alive connections idle for
             # 5 s, about our refresh interval: a request can race that close on
@@ -210,4 +220,4 @@ class RoutingRefresher:
             # the GET is idempotent, so one retry on a fresh connection is safe.
             if not isinstance(exc.__cause__, _CLOSED_CONNECTION):
                 raise
-            return await self._coordinator.get_routing(self._prefix, self._group)
+            return await self.source.fetch()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -29,7 +28,7 @@ import anyio
 from redis.exceptions import RedisError
 
 from streamkit.connections import AsyncRedis
-from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
+from streamkit.coordinator_client import CoordinatorError, CoordinatorUnavailable
 from streamkit.group_hints import existing_groups_hint
 from streamkit.publisher.encoding import PartitionKey, text
 from streamkit.publisher.errors import (
@@ -40,8 +39,8 @@ from streamkit.publisher.errors import (
     StaleRouteError,
     UnknownGroupError,
 )
-from streamkit.publisher.refresher import RefreshFlight, RoutingRefresher
-from streamkit.publisher.routing_cache import RoutingCache, RoutingTable, RoutingUnavailable
+from streamkit.publisher.refresher import RefreshFlight, RoutingRefresher, RoutingSource
+from streamkit.publisher.routing_cache import RoutingTable, RoutingUnavailable
 
 __all__ = ["EMPTY", "Router", "RoutingSnapshot"]
 
@@ -66,33 +65,16 @@ EMPTY: Final = RoutingSnapshot(None, -1, 0, (), ())
 class Router:
     """The routing of one publisher (stream prefix and group)."""
 
-    def __init__(
-        self,
-        cache: RoutingCache,
-        coordinator: CoordinatorClient,
-        stream_prefix: str,
-        consumer_group: str,
-        *,
-        clock: Callable[[], float],
-        maxlen: int | None,
-    ) -> None:
-        self.cache = cache
-        self.stream_prefix = stream_prefix
-        self.consumer_group = consumer_group
-        self._coordinator = coordinator
-        self._clock = clock
+    def __init__(self, source: RoutingSource, *, maxlen: int | None) -> None:
+        self.source = source
+        # Copied out of ``source``: the publish path reads them per message.
+        self.cache = source.cache
+        self._clock = source.clock
         self._maxlen = maxlen
-        self.refresher = RoutingRefresher(
-            cache,
-            coordinator,
-            stream_prefix,
-            consumer_group,
-            clock=clock,
-            on_finished=self._refresh_finished,
-        )
+        self.refresher = RoutingRefresher(source, on_finished=self._refresh_finished)
         # Below this much lease left a publish waits for the refresh instead of
         # only scheduling it; a retry interval is the time one more try needs.
-        self._margin = cache.retry_interval
+        self._margin = source.cache.retry_interval
         #: What the hot path routes with while the clock is below ``fast_until``.
         self.snap = EMPTY
         #: -inf sends the next publish down the slow path.
@@ -257,7 +239,7 @@ class Router:
             hint = ""
             if isinstance(flight.error, CoordinatorError) and flight.error.status_code == 404:
                 hint = await existing_groups_hint(
-                    self._coordinator, self.stream_prefix, self.consumer_group
+                    self.source.coordinator, self.source.stream_prefix, self.source.consumer_group
                 )
             error = self._startup_error(flight.error, hint)
             if isinstance(error, CoordinatorUnreachableError):
@@ -279,8 +261,8 @@ class Router:
                 f"cannot reach Redis to check the shard streams of {self.cache.name}: "
                 f"{type(exc).__name__}: {exc}; is redis-server running there? "
                 "STREAMKIT_REDIS_URL sets the address",
-                self.stream_prefix,
-                self.consumer_group,
+                self.source.stream_prefix,
+                self.source.consumer_group,
             ) from None
         found = {
             k: kind for k, kind in zip(table.shard_keys, kinds, strict=True) if kind != "stream"
@@ -291,8 +273,8 @@ class Router:
                 f"{len(found)} of {table.shard_count} shard streams of {self.cache.name} "
                 f"(routing version {table.metadata_version}) are not streams in Redis: {shown}. "
                 "The publisher never creates shard streams; the coordinator provisions them.",
-                self.stream_prefix,
-                self.consumer_group,
+                self.source.stream_prefix,
+                self.source.consumer_group,
                 found,
             )
         log.info(
@@ -303,16 +285,16 @@ class Router:
         )
 
     def _startup_error(self, error: BaseException, hint: str = "") -> PublishError:
-        name = f"stream {self.stream_prefix!r} / group {self.consumer_group!r}"
+        name = f"stream {self.source.stream_prefix!r} / group {self.source.consumer_group!r}"
         if isinstance(error, CoordinatorError) and error.status_code == 404:
             return UnknownGroupError(
-                f"the coordinator has no consumer group {self.consumer_group!r} for stream "
-                f"{self.stream_prefix!r}; "
+                f"the coordinator has no consumer group {self.source.consumer_group!r} for stream "
+                f"{self.source.stream_prefix!r}; "
                 + (f"{hint} Otherwise create" if hint else "create")
-                + f" it before publishing: streamkit group create {self.stream_prefix} "
-                f"{self.consumer_group}",
-                self.stream_prefix,
-                self.consumer_group,
+                + f" it before publishing: streamkit group create {self.source.stream_prefix} "
+                f"{self.source.consumer_group}",
+                self.source.stream_prefix,
+                self.source.consumer_group,
             )
         kind = (
             CoordinatorUnreachableError
@@ -321,6 +303,6 @@ class Router:
         )
         return kind(
             f"cannot get producer routing for {name}: {error}",
-            self.stream_prefix,
-            self.consumer_group,
+            self.source.stream_prefix,
+            self.source.consumer_group,
         )

@@ -27,7 +27,7 @@ from streamkit_server.api.bodies import (
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
 from streamkit_server.api.errors import CALLER_ERRORS, documented
 from streamkit_server.coordination import views
-from streamkit_server.coordination.resharding import find_migration
+from streamkit_server.coordination.resharding import ScaleOutcome, find_migration
 from streamkit_server.store.keys import GroupKeys
 from streamkit_server.store.provisioning import validate_stream_prefix
 
@@ -51,6 +51,25 @@ def _errors(extra: dict[int, str]) -> dict[int | str, dict[str, Any]]:
     return documented(texts)
 
 
+async def _scale(
+    request: Request,
+    stream_prefix: str,
+    body: ScaleStreamRequest | ScaleGroupRequest,
+    *,
+    group: str | None = None,
+) -> ScaleOutcome:
+    """What both scale endpoints do: the whole stream reshards."""
+    async with audited(request):
+        return await runtime(request).resharding.scale(
+            stream_prefix,
+            body.target_shard_count,
+            requested_by=body.requested_by,
+            reason=body.reason,
+            ordering=body.ordering,
+            group=group,
+        )
+
+
 @router.post(
     "/streams/{streamPrefix}/scale",
     operation_id="scaleStreamShards",
@@ -68,14 +87,7 @@ async def scale_stream(
     request: Request, streamPrefix: str, body: ScaleStreamRequest, principal: Caller
 ) -> JSONResponse:
     validate_stream_prefix(streamPrefix)
-    async with audited(request):
-        outcome = await runtime(request).resharding.scale(
-            streamPrefix,
-            body.target_shard_count,
-            requested_by=body.requested_by,
-            reason=body.reason,
-            ordering=body.ordering,
-        )
+    outcome = await _scale(request, streamPrefix, body)
     return JSONResponse(
         views.stream_scale(
             streamPrefix, outcome.target_shard_count, outcome.groups, outcome.resharding_id
@@ -101,15 +113,7 @@ async def scale_group(
     request: Request, keys: Keys, body: ScaleGroupRequest, principal: Caller
 ) -> JSONResponse:
     """Compatibility path: scales the whole stream, answers with this group's migration."""
-    async with audited(request):
-        outcome = await runtime(request).resharding.scale(
-            keys.stream_prefix,
-            body.target_shard_count,
-            requested_by=body.requested_by,
-            reason=body.reason,
-            ordering=body.ordering,
-            group=keys.consumer_group,
-        )
+    outcome = await _scale(request, keys.stream_prefix, body, group=keys.consumer_group)
     group = outcome.groups[keys.consumer_group]
     record = find_migration(group, outcome.resharding_id)
     return JSONResponse(views.migration(record), status_code=202)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from dataclasses import InitVar, dataclass
 from typing import Any
 
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
@@ -111,19 +112,16 @@ class LagHistory:
             del self._samples[key]
 
 
+@dataclass(eq=False, repr=False)
 class LagSampler:
     """Reads every group's shard figures every ``interval_ms`` (0: never)."""
 
-    def __init__(
-        self,
-        service: CoordinatorService,
-        client: RedisClient,
-        gauges: DetailGauges,
-        interval_ms: int,
-    ) -> None:
-        self.service = service
-        self.client = client
-        self.gauges = gauges
+    service: CoordinatorService
+    client: RedisClient
+    gauges: DetailGauges
+    interval_ms: InitVar[int]
+
+    def __post_init__(self, interval_ms: int) -> None:
         self.interval_s = interval_ms / 1000
         self.history = LagHistory()
         self._task: asyncio.Task[None] | None = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from dataclasses import InitVar, dataclass
 
 import anyio
 from redis.exceptions import RedisError, ResponseError
@@ -40,17 +41,14 @@ log = logging.getLogger("streamkit_server.loop")
 _INDEX_REBUILD_S = 60.0
 
 
+@dataclass(eq=False, repr=False)
 class TickLoop:
-    def __init__(
-        self,
-        service: CoordinatorService,
-        interval_ms: int,
-        resharding: ReshardingService | None = None,
-        timings: Timings | None = None,
-    ) -> None:
-        self.service = service
-        self.resharding = resharding
-        self.timings = timings
+    service: CoordinatorService
+    interval_ms: InitVar[int]
+    resharding: ReshardingService | None = None
+    timings: Timings | None = None
+
+    def __post_init__(self, interval_ms: int) -> None:
         self.interval_s = interval_ms / 1000
         self.last_pass_started: float | None = None
         self.last_error: str | None = None

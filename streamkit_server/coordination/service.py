@@ -10,6 +10,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from streamkit.protocol import (
@@ -81,22 +82,17 @@ def _log_audit(record: dict[str, Any]) -> None:
     )
 
 
+@dataclass(eq=False, repr=False)
 class CoordinatorService:
-    def __init__(
-        self,
-        store: MetadataStore,
-        provisioner: Provisioner,
-        settings: ServerSettings,
-        metrics: Metrics,
-        gate: TerminatingGate,
-    ) -> None:
-        self.store = store
-        self.provisioner = provisioner
-        self.settings = settings
-        self.config = settings.coordinator_config()
-        self.metrics = metrics
-        self.gate = gate
-        self.executor = GroupExecutor(store, settings, metrics)
+    store: MetadataStore
+    provisioner: Provisioner
+    settings: ServerSettings
+    metrics: Metrics
+    gate: TerminatingGate
+
+    def __post_init__(self) -> None:
+        self.config = self.settings.coordinator_config()
+        self.executor = GroupExecutor(self.store, self.settings, self.metrics)
         #: Where records for the audit trail go; the runtime points it at the
         #: audit log and, when configured, the audit stream.
         self.audit: Callable[[dict[str, Any]], None] = _log_audit
