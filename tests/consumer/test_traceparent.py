@@ -140,3 +140,57 @@ async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context
     assert span.parent is not None and span.parent.span_id == int("b" * 16, 16)
     assert span.attributes is not None and span.attributes["streamkit.outcome"] == "acked"
     assert seen["recording"] is True
+
+
+class _Sink:
+    stream_key = "s:0"
+
+    def settle(self, raw_id: bytes, how: object) -> None:
+        pass
+
+
+@given(values)
+@example(b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-00")
+@example(b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01")
+@example(b"00-" + b"0" * 32 + b"-" + b"b" * 16 + b"-00")
+@example(b"00-" + b"A" * 32 + b"-" + b"b" * 16 + b"-00")
+@example(b"00-" + b"a" * 32 + b"_" + b"b" * 16 + b"-00")
+def test_the_inline_fast_path_is_taken_exactly_for_an_exact_unsampled_value(raw: bytes) -> None:
+    """``enter_consume`` keeps its own copy of ``_is_unsampled`` (inline, it
+    runs per entry): it takes the lean path (a bare ContextVar token) exactly
+    when that says so, and whatever path it takes the handler sees the full
+    parse's decision."""
+    from contextvars import Token
+
+    from opentelemetry import context as otel_context
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from streamkit.consumer.message import Message
+    from streamkit.observability.tracing import TracingMiddleware, _is_unsampled
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()  # records every span it is asked for
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    middleware = TracingMiddleware(tracer=provider.get_tracer("t"))
+    before = otel_context.get_current()
+    token = middleware.enter_consume(
+        Message(_Sink(), 0, b"1-1", {b"traceparent": raw}), "s", "g", "m"
+    )
+    try:
+        span = trace.get_current_span()
+        seen, recording = span.get_span_context(), span.is_recording()
+    finally:
+        middleware.exit_consume(token, None)
+    assert otel_context.get_current() is before
+    assert (type(token) is Token) == _is_unsampled(raw)
+    full = _remote_span_context(raw)
+    if full is not None and not full.trace_flags.sampled:
+        # The producer's sampled-out span: no consumer span, its context seen.
+        assert seen == full and not recording and exporter.get_finished_spans() == ()
+        return
+    (consumer,) = exporter.get_finished_spans()
+    assert recording and seen == consumer.context
+    # A child of a sampled producer; a new trace for an absent or malformed value.
+    assert consumer.parent == full
