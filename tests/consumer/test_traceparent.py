@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from opentelemetry import trace
@@ -194,3 +195,72 @@ def test_the_inline_fast_path_is_taken_exactly_for_an_exact_unsampled_value(raw:
     assert recording and seen == consumer.context
     # A child of a sampled producer; a new trace for an absent or malformed value.
     assert consumer.parent == full
+
+
+@pytest.mark.parametrize("runtime", ["default", "another"])
+async def test_what_the_handler_sees_for_each_kind_of_entry(
+    runtime: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a real Invoker, with the API's default runtime context (the
+    lean path sets its ContextVar directly) and with another one, as chosen
+    with ``OTEL_PYTHON_CONTEXT`` (everything goes through the API): a
+    sampled-out producer, a sampled one, no ``traceparent`` and a malformed
+    one.  The handler sees the same in both, and the caller's context is back."""
+    from opentelemetry import context as otel_context
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from streamkit.consumer.invoke import Invoker
+    from streamkit.consumer.message import Message
+    from streamkit.consumer.options import PollerOptions
+    from streamkit.observability import tracing
+
+    if runtime == "another":
+
+        class Another(ContextVarsRuntimeContext):
+            """A runtime context of its own (not the API's default class)."""
+
+        monkeypatch.setattr(otel_context, "_RUNTIME_CONTEXT", Another())
+        monkeypatch.setattr(tracing, "_CURRENT", tracing._current_context_var())
+        assert tracing._CURRENT is None
+    else:
+        assert tracing._CURRENT is not None
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    seen: list[tuple[trace.SpanContext, bool]] = []
+
+    async def handler(message: Message) -> None:
+        span = trace.get_current_span()
+        seen.append((span.get_span_context(), span.is_recording()))
+
+    invoker = Invoker(
+        stream_prefix="s", consumer_group="g", member_id="m", options=PollerOptions(),
+        handler=handler, batch_handler=None,
+        middlewares=[tracing.TracingMiddleware(tracer=provider.get_tracer("t"))],
+    )  # fmt: skip
+    unsampled = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-00"
+    sampled = unsampled[:-2] + b"01"
+    malformed = unsampled[:-3] + b"_00"  # the right length, a stray byte
+    invoker.begin_read()
+    before = otel_context.get_current()
+    for fields in (
+        {b"traceparent": unsampled},
+        {b"traceparent": sampled},
+        {},
+        {b"traceparent": malformed},
+    ):
+        await invoker.invoke(Message(_Sink(), 0, b"1-1", fields))
+        assert otel_context.get_current() is before
+    spans = exporter.get_finished_spans()
+    # The sampled-out producer's own context, not recording, no consumer span.
+    assert seen[0] == (_remote_span_context(unsampled), False)
+    assert len(spans) == 3 and all(s.name == "process s" for s in spans)
+    # A sampled producer: a consumer span, its child.
+    assert seen[1] == (spans[0].context, True)
+    assert spans[0].parent == _remote_span_context(sampled)
+    # No traceparent, or a malformed one: a consumer span in a new trace.
+    for (context, recording), span in zip(seen[2:], spans[1:], strict=True):
+        assert recording and context == span.context and span.parent is None
