@@ -111,6 +111,8 @@ async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context
 
     class Sink:
         stream_key = "s:0"
+        consumer_group = "g"
+        member_id = "m"
 
         def settle(self, raw_id: bytes, how: object) -> None:
             pass
@@ -145,6 +147,8 @@ async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context
 
 class _Sink:
     stream_key = "s:0"
+    consumer_group = "g"
+    member_id = "m"
 
     def settle(self, raw_id: bytes, how: object) -> None:
         pass
