@@ -59,7 +59,11 @@ def stacks(words: list[str] | None = None) -> dict[str, list[Middleware]]:
     ``words``, only those whose name contains one of them (and off)."""
     built = observability_stacks()
     off = built.pop("middlewares off")
-    every = {"off": off, "metrics": [PrometheusMiddleware(CollectorRegistry())], **built}
+    every: dict[str, list[Middleware]] = {
+        "off": off,
+        "metrics": [PrometheusMiddleware(CollectorRegistry())],
+        **built,
+    }
     return {
         name: stack
         for name, stack in every.items()
