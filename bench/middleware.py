@@ -1,6 +1,7 @@
 """The built-in consume middlewares' own CPU cost per entry, without Redis.
 
 Run: python bench/middleware.py [--entries 50000] [--rounds 5] [--batch 100]
+                                [--stacks WORD ...]
 
 ``bench/consume.py --observability`` measures the same middlewares end to end,
 where a round's throughput moves by 20 % with the machine; this isolates what
@@ -53,11 +54,21 @@ class _Sink:
         pass
 
 
-def stacks() -> dict[str, list[Middleware]]:
-    """``bench/consume.py``'s observability stacks, plus metrics alone."""
+def stacks(words: list[str] | None = None) -> dict[str, list[Middleware]]:
+    """``bench/consume.py``'s observability stacks, plus metrics alone; with
+    ``words``, only those whose name contains one of them (and off)."""
     built = observability_stacks()
     off = built.pop("middlewares off")
-    return {"off": off, "metrics": [PrometheusMiddleware(CollectorRegistry())], **built}
+    every: dict[str, list[Middleware]] = {
+        "off": off,
+        "metrics": [PrometheusMiddleware(CollectorRegistry())],
+        **built,
+    }
+    return {
+        name: stack
+        for name, stack in every.items()
+        if not stack or not words or any(word in name for word in words)
+    }
 
 
 def entries(n: int) -> list[Message]:
@@ -107,7 +118,7 @@ async def run(stack: list[Middleware], messages: list[Message], batch: int) -> f
 
 async def main(args: argparse.Namespace) -> None:
     messages = entries(args.entries)
-    built = stacks()
+    built = stacks(args.stacks)
     cpu: dict[str, list[float]] = {name: [] for name in built}
     for round_ in range(args.rounds):
         names = list(built)
@@ -135,4 +146,10 @@ if __name__ == "__main__":
     parser.add_argument("--entries", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch", type=int, default=100, help="entries per read")
+    parser.add_argument(
+        "--stacks",
+        nargs="+",
+        help="only the stacks whose name contains one of these words (off always runs), "
+        "e.g. --stacks '1% at producer'",
+    )
     asyncio.run(main(parser.parse_args()))

@@ -112,7 +112,10 @@ class Invoker:
             )
             result: ConsumeResult | None = None
             try:
-                result = await self._levels_and_handler(message, levels)
+                if levels:
+                    result = await self._levels_and_handler(message, levels)
+                else:  # the usual case, without the call to find that out
+                    result = await self._run_one(message)
                 return result
             finally:
                 hook.exit_consume(token, result)

@@ -45,10 +45,21 @@ log = logging.getLogger("streamkit.observability.tracing")
 _NO_PROVIDER: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _RECHECK_S: Final = 1.0
 _TRACEPARENT: Final = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
-# Exactly a version-00 traceparent with flags 00 and non-zero ids, in one
-# match (the ids' zero checks are the lookaheads): what a publisher sampling
-# at the head writes for most entries.
-_UNSAMPLED: Final = re.compile(rb"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-00")
+# Recognising the value a publisher sampling at the head writes for most
+# entries (version 00, flags 00, lowercase hex ids, neither id zero) was the
+# largest part of the sampled-out path as a regular expression with two
+# lookaheads (~0.5 µs here).  Without one (~0.37 µs): the flags first (what
+# tells most values apart), one ``translate`` that maps every byte to its
+# class (``h`` a lowercase hex digit, ``-`` a dash, ``x`` anything else) and
+# must give the shape of a traceparent, then the version and the ids' zero
+# checks.  Exactly what ``_TRACEPARENT`` accepts with flags 00 and non-zero
+# ids, nothing padded (tests/consumer/test_traceparent.py checks they agree).
+_CLASSES: Final = bytes(
+    0x68 if byte in b"0123456789abcdef" else 0x2D if byte == 0x2D else 0x78 for byte in range(256)
+)
+_SHAPE: Final = b"hh-" + b"h" * 32 + b"-" + b"h" * 16 + b"-hh"
+_ZERO_TRACE_ID: Final = b"0" * 32
+_ZERO_SPAN_ID: Final = b"0" * 16
 _FLAGS: Final = tuple(trace.TraceFlags(flags) for flags in range(256))
 # The key under which the API keeps the current span, learnt through the API.
 _SPAN_KEY: Final = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, Context())))
@@ -125,15 +136,29 @@ class _UnsampledParent(NonRecordingSpan):
         return self._parsed
 
 
+_new_parent: Final = object.__new__
+
+
 def _unsampled_parent(raw: object) -> _UnsampledParent | None:
     """The sampled-out producer span of an exact ``traceparent`` with flags ``00``.
 
     Anything else (sampled, other flags, padded, malformed) is None: the full
     parse in ``_remote_span_context`` decides those.
     """
-    if type(raw) is bytes and _UNSAMPLED.fullmatch(raw) is not None:
+    if type(raw) is bytes and _is_unsampled(raw):
         return _UnsampledParent(raw)
     return None
+
+
+def _is_unsampled(raw: bytes) -> bool:
+    """Whether ``raw`` is exactly a valid version-00 ``traceparent`` with flags 00."""
+    return (
+        raw[53:] == b"00"
+        and raw.translate(_CLASSES) == _SHAPE
+        and raw[:2] == b"00"
+        and raw[3:35] != _ZERO_TRACE_ID
+        and raw[36:52] != _ZERO_SPAN_ID
+    )
 
 
 def _with_parent(span: trace.Span) -> Context:
@@ -235,8 +260,16 @@ class TracingMiddleware(Middleware):
             # and the surrounding context are the same.
             if raw == last[0] and base is last[1]:
                 return var.set(last[2])
-            if type(raw) is bytes and _UNSAMPLED.fullmatch(raw) is not None:
-                parent = _UnsampledParent(raw)
+            if (  # _is_unsampled, inline (a call costs a tenth of it)
+                type(raw) is bytes
+                and raw[53:] == b"00"
+                and raw.translate(_CLASSES) == _SHAPE
+                and raw[:2] == b"00"
+                and raw[3:35] != _ZERO_TRACE_ID
+                and raw[36:52] != _ZERO_SPAN_ID
+            ):
+                parent = _new_parent(_UnsampledParent)  # its __init__, without the call
+                parent._raw = raw
                 built = (
                     Context({**base, _SPAN_KEY: parent}) if base else Context({_SPAN_KEY: parent})
                 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from opentelemetry import trace
@@ -110,6 +111,8 @@ async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context
 
     class Sink:
         stream_key = "s:0"
+        consumer_group = "g"
+        member_id = "m"
 
         def settle(self, raw_id: bytes, how: object) -> None:
             pass
@@ -140,3 +143,128 @@ async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context
     assert span.parent is not None and span.parent.span_id == int("b" * 16, 16)
     assert span.attributes is not None and span.attributes["streamkit.outcome"] == "acked"
     assert seen["recording"] is True
+
+
+class _Sink:
+    stream_key = "s:0"
+    consumer_group = "g"
+    member_id = "m"
+
+    def settle(self, raw_id: bytes, how: object) -> None:
+        pass
+
+
+@given(values)
+@example(b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-00")
+@example(b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01")
+@example(b"00-" + b"0" * 32 + b"-" + b"b" * 16 + b"-00")
+@example(b"00-" + b"A" * 32 + b"-" + b"b" * 16 + b"-00")
+@example(b"00-" + b"a" * 32 + b"_" + b"b" * 16 + b"-00")
+def test_the_inline_fast_path_is_taken_exactly_for_an_exact_unsampled_value(raw: bytes) -> None:
+    """``enter_consume`` keeps its own copy of ``_is_unsampled`` (inline, it
+    runs per entry): it takes the lean path (a bare ContextVar token) exactly
+    when that says so, and whatever path it takes the handler sees the full
+    parse's decision."""
+    from contextvars import Token
+
+    from opentelemetry import context as otel_context
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from streamkit.consumer.message import Message
+    from streamkit.observability.tracing import TracingMiddleware, _is_unsampled
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()  # records every span it is asked for
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    middleware = TracingMiddleware(tracer=provider.get_tracer("t"))
+    before = otel_context.get_current()
+    token = middleware.enter_consume(
+        Message(_Sink(), 0, b"1-1", {b"traceparent": raw}), "s", "g", "m"
+    )
+    try:
+        span = trace.get_current_span()
+        seen, recording = span.get_span_context(), span.is_recording()
+    finally:
+        middleware.exit_consume(token, None)
+    assert otel_context.get_current() is before
+    assert (type(token) is Token) == _is_unsampled(raw)
+    full = _remote_span_context(raw)
+    if full is not None and not full.trace_flags.sampled:
+        # The producer's sampled-out span: no consumer span, its context seen.
+        assert seen == full and not recording and exporter.get_finished_spans() == ()
+        return
+    (consumer,) = exporter.get_finished_spans()
+    assert recording and seen == consumer.context
+    # A child of a sampled producer; a new trace for an absent or malformed value.
+    assert consumer.parent == full
+
+
+@pytest.mark.parametrize("runtime", ["default", "another"])
+async def test_what_the_handler_sees_for_each_kind_of_entry(
+    runtime: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a real Invoker, with the API's default runtime context (the
+    lean path sets its ContextVar directly) and with another one, as chosen
+    with ``OTEL_PYTHON_CONTEXT`` (everything goes through the API): a
+    sampled-out producer, a sampled one, no ``traceparent`` and a malformed
+    one.  The handler sees the same in both, and the caller's context is back."""
+    from opentelemetry import context as otel_context
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from streamkit.consumer.invoke import Invoker
+    from streamkit.consumer.message import Message
+    from streamkit.consumer.options import PollerOptions
+    from streamkit.observability import tracing
+
+    if runtime == "another":
+
+        class Another(ContextVarsRuntimeContext):
+            """A runtime context of its own (not the API's default class)."""
+
+        monkeypatch.setattr(otel_context, "_RUNTIME_CONTEXT", Another())
+        monkeypatch.setattr(tracing, "_CURRENT", tracing._current_context_var())
+        assert tracing._CURRENT is None
+    else:
+        assert tracing._CURRENT is not None
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    seen: list[tuple[trace.SpanContext, bool]] = []
+
+    async def handler(message: Message) -> None:
+        span = trace.get_current_span()
+        seen.append((span.get_span_context(), span.is_recording()))
+
+    invoker = Invoker(
+        stream_prefix="s", consumer_group="g", member_id="m", options=PollerOptions(),
+        handler=handler, batch_handler=None,
+        middlewares=[tracing.TracingMiddleware(tracer=provider.get_tracer("t"))],
+    )  # fmt: skip
+    unsampled = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-00"
+    sampled = unsampled[:-2] + b"01"
+    malformed = unsampled[:-3] + b"_00"  # the right length, a stray byte
+    invoker.begin_read()
+    before = otel_context.get_current()
+    for fields in (
+        {b"traceparent": unsampled},
+        {b"traceparent": sampled},
+        {},
+        {b"traceparent": malformed},
+    ):
+        await invoker.invoke(Message(_Sink(), 0, b"1-1", fields))
+        assert otel_context.get_current() is before
+    spans = exporter.get_finished_spans()
+    # The sampled-out producer's own context, not recording, no consumer span.
+    assert seen[0] == (_remote_span_context(unsampled), False)
+    assert len(spans) == 3 and all(s.name == "process s" for s in spans)
+    # A sampled producer: a consumer span, its child.
+    assert seen[1] == (spans[0].context, True)
+    assert spans[0].parent == _remote_span_context(sampled)
+    # No traceparent, or a malformed one: a consumer span in a new trace.
+    for (context, recording), span in zip(seen[2:], spans[1:], strict=True):
+        assert recording and context == span.context and span.parent is None
