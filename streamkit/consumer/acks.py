@@ -161,6 +161,13 @@ class AckQueue:
         )
         return True
 
+    def _requeue(
+        self, acks: list[bytes], dels: list[bytes], letters: list[tuple[dict[Any, Any], bytes]]
+    ) -> None:
+        self.acks[:0] = acks
+        self.dels[:0] = dels
+        self.letters[:0] = letters
+
     async def flush(self, *, final: bool = False) -> None:
         """Send everything queued (the final flush tries three times)."""
         if self.commits:
@@ -190,10 +197,15 @@ class AckQueue:
                     io.stream_key,
                     describe_error(exc),
                 )
-                self.acks[:0] = acks
-                self.dels[:0] = dels
-                self.letters[:0] = letters
+                self._requeue(acks, dels, letters)
             return
+        except BaseException:
+            # Cancelled (a reader halted while it flushed, waiting for tokens):
+            # whether Redis ran it is unknown, so it goes out again with the
+            # final flush (an XACK of an acked id changes nothing).
+            if not final:
+                self._requeue(acks, dels, letters)
+            raise
         self._acked(acks, dels)
         # Apart: each list is in stream order by itself, not the two joined.
         self._acked([entry_id for _, entry_id in letters], [])
@@ -260,6 +272,11 @@ class AckQueue:
             if not final and not self.dropped:
                 self.commits[:0] = commits
             return
+        except BaseException:
+            # Cancelled: sent again later, where a commit that ran answers 0.
+            if not final and not self.dropped:
+                self.commits[:0] = commits
+            raise
         self.book_commits(commits, replies)
 
     async def _sent(self, send: Callable[[], Awaitable[T]], final: bool) -> T:

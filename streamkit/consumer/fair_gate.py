@@ -5,11 +5,18 @@ them back once the read is handled.  Waiters are served first come, first
 served, and a reader that just finished queues behind the others, so shards
 take turns (round-robin) and none starves, even when the member owns far more
 shards than it has tokens.
+
+A request takes what it asked for, or what is free if that is at least half
+of it: a read of a fragment (a few tokens left over by a short read) would
+cost a whole round trip for a few entries, and every later grant would stay
+that small, since tokens come back in the sizes they went out.  Waiting for
+half a batch lets the fragments merge again.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 import anyio
 
@@ -28,10 +35,11 @@ class _Waiter:
 class FairGate:
     """A counting semaphore that grants in arrival order, partially if need be.
 
-    ``acquire(n)`` returns between 1 and ``n`` tokens.  A waiter at the head of
-    the queue takes what is free instead of waiting for all it asked for, so a
-    large request cannot hold up the line, and nobody jumps the queue while
-    anyone waits.
+    ``acquire(n)`` returns between ``ceil(m / 2)`` and ``m`` tokens, where ``m``
+    is ``n`` or the capacity if smaller.  A waiter at the head of the queue
+    takes what is free once that is at least half of ``m`` instead of waiting
+    for all of it, so a large request does not hold up the line for long, and
+    nobody jumps the queue while anyone waits.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -46,14 +54,29 @@ class FairGate:
         return len(self._waiters)
 
     def try_acquire(self, want: int) -> int:
-        """Tokens granted at once (0 if someone is queued or none are free)."""
-        if self._waiters or self.available == 0:
+        """Tokens granted at once (0 if someone is queued or too few are free)."""
+        if self._waiters:
             return 0
-        granted = min(want, self.available)
+        granted = self._grant(want)
         self.available -= granted
         return granted
 
-    async def acquire(self, want: int) -> int:
+    def _grant(self, want: int) -> int:
+        """What a request of ``want`` may take now: all of it, else at least half."""
+        need = min(want, self.capacity)
+        if self.available >= need:
+            return need
+        return self.available if 2 * self.available >= need else 0
+
+    async def acquire(
+        self,
+        want: int,
+        *,
+        meanwhile: Callable[[], Awaitable[object]] | None = None,
+        after_s: float = 0.0,
+    ) -> int:
+        """Tokens for ``want``, in turn.  ``meanwhile``: awaited once if the
+        wait lasts ``after_s`` seconds; the request keeps its place in line."""
         if want < 1:
             raise ValueError("want must be >= 1")
         granted = self.try_acquire(want)
@@ -62,6 +85,11 @@ class FairGate:
         waiter = _Waiter(want)
         self._waiters.append(waiter)
         try:
+            if meanwhile is not None:
+                with anyio.move_on_after(after_s):
+                    await waiter.event.wait()
+                if not waiter.event.is_set():
+                    await meanwhile()
             await waiter.event.wait()
         except BaseException:
             # Cancelled: hand back a grant that raced the cancellation, or
@@ -79,8 +107,12 @@ class FairGate:
         self.available += count
         if self.available > self.capacity:
             raise RuntimeError("FairGate released more tokens than it granted")
-        while self._waiters and self.available:
-            waiter = self._waiters.popleft()
-            waiter.granted = min(waiter.want, self.available)
-            self.available -= waiter.granted
+        while self._waiters:
+            waiter = self._waiters[0]
+            granted = self._grant(waiter.want)
+            if not granted:
+                return
+            self._waiters.popleft()
+            waiter.granted = granted
+            self.available -= granted
             waiter.event.set()

@@ -43,6 +43,8 @@ log = logging.getLogger("streamkit.poller")
 _LEASE_MARGIN_MS = 100
 _MIN_BLOCK_MS = 5
 _FINAL_FLUSH_S = 5.0
+# How long a reader waiting for tokens keeps its acks for the next read.
+_ACK_PATIENCE_S = 0.02
 
 T = TypeVar("T")
 #: Entries read, claimed ones' delivery counts, their markers if the read answered.
@@ -214,8 +216,13 @@ class ShardReader:
             )
             granted = gate.try_acquire(want)
             if not granted:
-                await self._acks.flush()
-                granted = await self.interruptibly(gate.acquire(want))
+                # The queued acks ride with the next read if tokens come back
+                # soon (one round trip per batch, as a plain read-ack loop);
+                # a longer wait sends them first, so that nothing waits
+                # unacked behind other shards' handlers.
+                granted = await self.interruptibly(
+                    gate.acquire(want, meanwhile=self._acks.flush, after_s=_ACK_PATIENCE_S)
+                )
                 if not granted:
                     continue
             error: BaseException | None = None
