@@ -15,6 +15,7 @@ that shard meanwhile: memory per shard is bounded by ``max_ids``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
@@ -91,7 +92,7 @@ class PublishIdempotence:
             trim: tuple[Any, ...] = () if maxlen is None else ("MAXLEN", "~", maxlen)
             return ("XADD", stream_key, "NOMKSTREAM", "IDMP", producer, iid, *trim, "*", *args)
         return IDEMPOTENT_XADD.command(
-            (stream_key, slot_key(stream_key, "idem"), slot_key(stream_key, "idem:order")),
+            record_keys(stream_key),
             (
                 idem_id,
                 int(self.window * 1000),
@@ -112,9 +113,15 @@ class PublishIdempotence:
             args.append(idem_id)
             args.append(len(fields))
             args += fields
-        return IDEMPOTENT_XADD_MANY.command(
-            (stream_key, slot_key(stream_key, "idem"), slot_key(stream_key, "idem:order")), args
-        )
+        return IDEMPOTENT_XADD_MANY.command(record_keys(stream_key), args)
+
+
+@functools.lru_cache(maxsize=8192)
+def record_keys(stream_key: str) -> tuple[str, str, str]:
+    """The keys of both publish scripts: the stream and its dedup record (a
+    hash and a sorted set in the stream's slot).  Remembered: deriving them
+    checks both slots, a CRC16 of each key in Python, once per publish."""
+    return stream_key, slot_key(stream_key, "idem"), slot_key(stream_key, "idem:order")
 
 
 async def send_merged(
