@@ -230,8 +230,9 @@ return replies
 # The marker set both commit scripts keep, and READ_MARKED reads (KEYS[2]:
 # a sorted set of idempotency ids by ms).  ``marks(ids, from, to)``: each id's
 # ZMSCORE (false where none), in chunks of 1,000 (unpack's limit);
-# ``add_and_bound(pairs, max)``: ZADD the ``{now, id, ...}`` pairs, then keep
-# at most ``max`` markers (the oldest go first).
+# ``add_and_bound(pairs, max)``: ZADD NX the ``{now, id, ...}`` pairs (a
+# marker that exists keeps its time), then keep at most ``max`` markers (the
+# oldest go first); returns how many were new.
 _MARKERS: Final = """
 local function marks(ids, from, to)
   local out = {}
@@ -242,11 +243,13 @@ local function marks(ids, from, to)
   return out
 end
 local function add_and_bound(pairs, max_markers)
+  local new = 0
   for lo = 1, #pairs, 1000 do
-    redis.call('ZADD', KEYS[2], unpack(pairs, lo, math.min(lo + 999, #pairs)))
+    new = new + redis.call('ZADD', KEYS[2], 'NX', unpack(pairs, lo, math.min(lo + 999, #pairs)))
   end
   local over = redis.call('ZCARD', KEYS[2]) - tonumber(max_markers)
   if over > 0 then redis.call('ZPOPMIN', KEYS[2], over) end
+  return new
 end
 """
 # The opening of both commit scripts: the fence (ARGV[2], '' = unchecked,
@@ -384,32 +387,27 @@ return {entries, flags}
 # arguments laid out flat so the script walks no per-commit structure.
 # KEYS: stream, markers, fence.  ARGV: group, fence token ('' = unchecked),
 # marker ttl ms, max markers, commit count n, then n entry ids, n idempotency
-# ids, the count of entries to delete and their ids.  Replies as COMMIT's.
+# ids, the count of entries to delete and their ids.
+# Returns how many markers it added (every entry is acked): the others found
+# their marker (a duplicate; an id twice in one call counts once).  Which ones
+# does not matter without effects, so no reply per commit is built or parsed;
+# or the FENCED error, nothing written at all.
 COMMIT_ACKS: Final = Script(
     "commit_acks",
     _COMMIT_OPENING
     + """
 local n = tonumber(ARGV[5])
-local ids = 6 + n
-local replies, added, seen = {}, {}, {}
-local marked = marks(ARGV, ids, ids + n - 1)
-for k = 1, n do
-  local idem = ARGV[ids + k - 1]
-  if marked[k] or seen[idem] then
-    replies[k] = 0
-  else
-    seen[idem] = true
-    added[#added + 1] = now
-    added[#added + 1] = idem
-    replies[k] = 1
-  end
+local ids, scored = 6 + n, {}
+for k = 0, n - 1 do
+  scored[2 * k + 1] = now
+  scored[2 * k + 2] = ARGV[ids + k]
 end
-add_and_bound(added, ARGV[4])
+local added = add_and_bound(scored, ARGV[4])
 for lo = 6, 5 + n, 1000 do
   redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, lo, math.min(lo + 999, 5 + n)))
 end
 local d = tonumber(ARGV[6 + 2 * n])
 if d > 0 then redis.call('XDEL', KEYS[1], unpack(ARGV, 7 + 2 * n, 6 + 2 * n + d)) end
-return replies
+return added
 """,
 )

@@ -258,6 +258,11 @@ class ShardIO:
         for chunk, reply in zip(chunks, replies, strict=True):
             if isinstance(reply, BaseException):
                 out += [reply] * len(chunk)
+            elif isinstance(reply, int):
+                # COMMIT_ACKS: how many markers were new.  Every entry was
+                # acked and none had effects, so which ones found theirs
+                # does not matter, only how many (the duplicates counted).
+                out += [1] * reply + [0] * (len(chunk) - reply)
             else:
                 out += [
                     ResponseError(r.decode() if isinstance(r, bytes) else r)

@@ -152,18 +152,35 @@ def run(r: redis.Redis, steps: list[Any]) -> None:
                 expected.append((entry, idem, effects, delete))
             command = io.commit_command(commits, stale if use_stale else token, IDEMPOTENCE)
             try:
-                replies: list[Any] = [
-                    redis.ResponseError(x.decode()) if isinstance(x, bytes) else x
-                    for x in r.execute_command(*command)
-                ]
+                raw = r.execute_command(*command)
             except redis.ResponseError as exc:
-                replies = [exc] * len(commits)
+                replies: list[Any] = [exc] * len(commits)
+            else:
+                if isinstance(raw, int):
+                    # COMMIT_ACKS answers how many markers were new: the model's
+                    # count, and then which ones (the model's) are booked.
+                    replies = new_markers(model, [idem for _, idem, _, _ in expected])
+                    assert raw == sum(replies), (raw, replies)
+                else:
+                    replies = [
+                        redis.ResponseError(x.decode()) if isinstance(x, bytes) else x for x in raw
+                    ]
             for reply, (entry, idem, effects, delete) in zip(replies, expected, strict=True):
                 if expect(model, reply, entry, idem, use_stale, effects) and delete:
                     model.deleted.add(entry)
         all_ids = {entry for entry, _ in delivered}
         assert {e for e, _ in r.xrange(stream)} == all_ids - model.deleted
         check(r, model, stream, keys, io.marker_key)
+
+
+def new_markers(model: Model, idems: list[bytes]) -> list[int]:
+    """1 for each id the model has no marker for (its first time in the list), else 0."""
+    seen = set(model.markers)
+    out = []
+    for idem in idems:
+        out.append(0 if idem in seen else 1)
+        seen.add(idem)
+    return out
 
 
 def expect(
