@@ -255,7 +255,25 @@ def shard_ids(indexes: Iterable[int]) -> list[ShardId]:
     Sorted so that the same ownership always serialises to the same heartbeat
     body, which keeps heartbeats byte-for-byte idempotent.
     """
-    return [ShardId(shard_index=index) for index in sorted(set(indexes))]
+    return [_shard_id(index) for index in sorted(set(indexes))]
+
+
+#: Shard indexes below this have one shared ``ShardId`` each (``_shard_id``).
+_SHARED_SHARD_IDS: Final = 4096
+_shared: dict[int, ShardId] = {}
+
+
+def _shard_id(index: int) -> ShardId:
+    # Every heartbeat answer lists its member's shards: a frozen ``ShardId``
+    # per index, validated once, instead of a new model per shard per answer.
+    if type(index) is not int:  # a bool is refused as ShardId refuses it, not looked up
+        return ShardId(shard_index=index)
+    shard = _shared.get(index)
+    if shard is None:
+        shard = ShardId(shard_index=index)
+        if 0 <= index < _SHARED_SHARD_IDS:
+            _shared[index] = shard
+    return shard
 
 
 def shard_indexes(shards: Iterable[ShardId]) -> list[int]:

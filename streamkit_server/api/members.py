@@ -159,7 +159,9 @@ def answer_json(decided: HeartbeatResponse, lease_field: bytes) -> bytes:
     """The ``HeartbeatAnswer`` JSON: the response's, plus its last field appended
     (the same bytes as building and dumping the answer model, without doing so;
     tests/server/api/test_heartbeat_path.py compares them)."""
-    return decided.model_dump_json(by_alias=True).encode()[:-1] + lease_field
+    # The serializer's bytes (``model_dump_json`` decodes them to a ``str``).
+    dumped = decided.__pydantic_serializer__.to_json(decided, by_alias=True)
+    return dumped[:-1] + lease_field
 
 
 async def _read_body(receive: Receive) -> bytes:

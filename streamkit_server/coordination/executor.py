@@ -2,8 +2,9 @@
 
 Every mutation of a group runs through ``GroupExecutor.submit``:
 
-1. a per-process, per-group ``asyncio.Lock`` (the "local monitor" of seed 000)
-   so requests of one process queue locally instead of spinning on Redis;
+1. a per-process, per-group lane (the "local monitor" of seed 000): one
+   critical section of a group at a time in a process, so requests of one
+   process queue locally instead of spinning on Redis;
 2. the group mutex in Redis, taken together with the load (one Lua script);
    or, for a batch that only writes member records (a steady heartbeat), no
    mutex: the batch is applied to this process's parsed copy and one script
@@ -17,8 +18,9 @@ Every mutation of a group runs through ``GroupExecutor.submit``:
    heartbeat) that also releases the mutex;
 5. only then the answers.
 
-Heartbeats that queue up behind the local lock while a critical section runs
-are applied together in the next one (one load, one write for the batch).
+Heartbeats that queue up while a critical section runs are applied together
+in the next one (one load, one write for the batch), which the first of their
+callers still waiting runs (``GroupExecutor.submit``).
 Each answer is computed from the state after that heartbeat, and the written
 state is the result of applying the whole batch in order, so the history is
 the same as handling them one by one and writing each; only the intermediate
@@ -100,16 +102,22 @@ def group_already_exists(keys: GroupKeys) -> Rejected:
     return core_groups.group_already_exists(keys.stream_prefix, keys.consumer_group)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
     op: Operation[Any]
+    #: The answer; or ``_LEAD``: its caller runs the next batch.
     future: asyncio.Future[Any]
 
 
-@dataclass
+#: An item's future resolved to this: its caller runs the lane's next batch.
+_LEAD: Final = object()
+
+
+@dataclass(slots=True)
 class _Lane:
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     pending: list[_Item] = field(default_factory=list)
+    #: A caller is running a batch, or has been handed the next one.
+    running: bool = False
 
 
 class GroupExecutor:
@@ -124,18 +132,42 @@ class GroupExecutor:
         self._seen: dict[str, Seen] = {}
 
     async def submit(self, keys: GroupKeys, op: Operation[R]) -> R:
-        """Run ``op`` in a critical section of its group; its response, or what it raised."""
+        """Run ``op`` in a critical section of its group; its response, or what it raised.
+
+        One batch of a group runs at a time.  A caller that finds one running
+        waits on its own future: a later batch answers it, or the caller that
+        ran the batch before hands it the next one (``_LEAD``).  Not a lock
+        that every caller takes in turn only to find its answer there: a
+        heartbeat wakes once, when it is answered.
+        """
         lane = self._lanes.get(keys.metadata)
         if lane is None:
             lane = self._lanes[keys.metadata] = _Lane()
-        item = _Item(op, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        item = _Item(op, loop.create_future())
         lane.pending.append(item)
-        async with lane.lock:
-            if not item.future.done():
-                batch, lane.pending = lane.pending, []
-                await _finish_even_if_cancelled(self._run(keys, batch))
-        response: R = item.future.result()
-        return response
+        if lane.running:
+            try:
+                outcome = await item.future
+            except asyncio.CancelledError:
+                # Cancelled after being handed the next batch: hand it on (the
+                # item stays queued and runs with it, answered to no one, as a
+                # caller cancelled while waiting always was).
+                if _handed(item.future):
+                    _hand_off(lane)
+                raise
+            if outcome is not _LEAD:
+                response: R = outcome
+                return response
+            item.future = loop.create_future()
+        lane.running = True
+        try:
+            batch, lane.pending = lane.pending, []
+            await _finish_even_if_cancelled(self._run(keys, batch))
+        finally:
+            _hand_off(lane)
+        answer: R = item.future.result()
+        return answer
 
     def forget(self, keys: GroupKeys) -> None:
         """The group is being recreated: a new lifecycle, nothing to compare with."""
@@ -388,6 +420,25 @@ def _answer(batch: list[_Item], outcomes: dict[int, Any]) -> None:
             _fail(item, outcome)
         elif not item.future.done():
             item.future.set_result(outcome)
+
+
+def _handed(future: asyncio.Future[Any]) -> bool:
+    """Whether ``future`` was resolved to ``_LEAD`` (not cancelled, not failed)."""
+    return (
+        future.done()
+        and not future.cancelled()
+        and future.exception() is None
+        and future.result() is _LEAD
+    )
+
+
+def _hand_off(lane: _Lane) -> None:
+    """The lane's next batch to the first caller still waiting, if any."""
+    for item in lane.pending:
+        if not item.future.done():  # not cancelled, not already handed the batch
+            item.future.set_result(_LEAD)
+            return
+    lane.running = False
 
 
 def _fail(item: _Item, exc: BaseException) -> None:

@@ -18,7 +18,15 @@ from streamkit.protocol import GroupState, HeartbeatRequest, MemberState, Revoki
 from .assignor import assign
 from .config import CoordinatorConfig
 from .limits import RECORDS_PER_MEMBER_SLOT, evictable_records
-from .model import NEVER_MS, CorrectionRound, GroupMetadata, MemberMetadata, ShardProgress, identity
+from .model import (
+    NEVER_MS,
+    CorrectionRound,
+    GroupMetadata,
+    MemberMetadata,
+    ShardProgress,
+    identity,
+    replaced,
+)
 
 #: Member epochs count in thousandths of a millisecond of the issuing
 #: coordinator's clock: an epoch is ``now_ms * EPOCHS_PER_MS``, or one above
@@ -42,7 +50,7 @@ class Draft:
         # ``_owners_for_write``).  A steady heartbeat writes only its own member,
         # so it copies one map, and ``diff`` sees the untouched maps by identity
         # instead of comparing them entry by entry.
-        self.group = group.model_copy()
+        self.group = replaced(group)
         self._members_copied = False
         self._owners_copied = False
         self.now = now_ms
@@ -78,7 +86,7 @@ class Draft:
     # -- members ---------------------------------------------------------
 
     def _update_member(self, member_id: str, **changes: object) -> MemberMetadata:
-        member = self.group.members[member_id].model_copy(update=changes)
+        member = replaced(self.group.members[member_id], **changes)
         self._members_for_write()[member_id] = member
         self.touched.add(member_id)
         self.dirty = True

@@ -65,7 +65,7 @@ from .config import CoordinatorConfig
 from .draft import Draft
 from .errors import Rejected
 from .limits import join_refusal
-from .model import PRINCIPAL_IDENTITY, GroupMetadata, MemberMetadata, same_process
+from .model import PRINCIPAL_IDENTITY, GroupMetadata, MemberMetadata, replaced, same_process
 from .result import Result, WitnessSeen, result_of
 from .witness import Witness, rollback_witness
 
@@ -166,7 +166,7 @@ def caller_identity(request: HeartbeatRequest, principal: str | None) -> Heartbe
     """
     if request.incarnation is not None or principal is None:
         return request
-    return request.model_copy(update={"incarnation": PRINCIPAL_IDENTITY + principal})
+    return replaced(request, incarnation=PRINCIPAL_IDENTITY + principal)
 
 
 def _decide(

@@ -23,7 +23,7 @@ place (its own copy), and it drops the index when it does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic.alias_generators import to_camel
@@ -40,6 +40,33 @@ LAYOUT_VERSION = 2
 NEVER_MS = 2**62
 
 LIVE_STATES = frozenset({MemberState.STARTING, MemberState.ACTIVE})
+
+_M = TypeVar("_M", bound=BaseModel)
+_new = object.__new__
+_set = object.__setattr__
+
+
+def replaced(model: _M, /, **changes: object) -> _M:
+    """``model.model_copy(update=changes)``, at a third of its cost.
+
+    A heartbeat copies the group, its member record and the request: through
+    pydantic's generic copy (``copy.copy`` of each of the model's dicts) that
+    was a tenth of the core's time per heartbeat.  The same copy: a shallow
+    copy of the field values with ``changes`` applied unvalidated, the fields
+    set, and the private attributes (the group's ownership index) shared.
+    ``changes`` must name fields (tests/core/test_replaced.py compares it
+    with ``model_copy``).
+    """
+    fields = model.__dict__.copy()
+    fields.update(changes)
+    copied = _new(type(model))
+    _set(copied, "__dict__", fields)
+    _set(copied, "__pydantic_fields_set__", model.__pydantic_fields_set__ | changes.keys())
+    extra = model.__pydantic_extra__
+    _set(copied, "__pydantic_extra__", None if extra is None else extra.copy())
+    private = model.__pydantic_private__
+    _set(copied, "__pydantic_private__", None if private is None else private.copy())
+    return copied
 
 
 class _Aggregate(BaseModel):

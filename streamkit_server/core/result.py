@@ -139,7 +139,10 @@ def diff(
         if new is None:
             if old is not None:
                 changes.append(MemberRemoved(member_id))
-        elif new is not old and new != old:
+        elif new is not old and (old is None or new.__dict__ != old.__dict__):
+            # The field values, which is what pydantic's ``!=`` finds unequal
+            # for two member records (no extra or private attributes), after
+            # checks and a fallback that cost ten times the comparison.
             changes.append(MemberUpserted(new))
     if _document_changed(before, after):
         changes.append(DOCUMENT_CHANGED)
