@@ -26,6 +26,7 @@ from helpers import REPO, Admin, AppProcess, create_group, eventually, logical
 
 from samples.orders.app import Order
 from streamkit import Publisher, StreamKitSettings
+from streamkit.demo.dev import client_env as dev_client_env
 from streamkit.routing import shard_for_key
 from streamkit.testing import RedisTarget, redis_client
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -45,12 +46,8 @@ async def members(coordinator: CoordinatorProcess, prefix: str, group: str) -> l
 
 def client_env(coordinator: CoordinatorProcess, target: RedisTarget, base: str) -> dict[str, str]:
     """The ``STREAMKIT_*`` variables a sample needs (the getting-started set)."""
-    user, password = coordinator.admin_auth
     return {
-        "STREAMKIT_COORDINATOR_URL": coordinator.url,
-        "STREAMKIT_COORDINATOR_USERNAME": user,
-        "STREAMKIT_COORDINATOR_PASSWORD": password,
-        "STREAMKIT_REDIS_URL": target.url,
+        **dev_client_env(coordinator, target.url, target.cluster),
         "STREAMKIT_MEMBER_ID_BASE": base,
     }
 

@@ -16,6 +16,7 @@ import anyio
 from helpers import REPO, Admin, AppProcess, eventually, logical
 
 from streamkit import StreamKit
+from streamkit.demo.dev import client_env
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
@@ -42,18 +43,10 @@ def app_env(
     record: Path,
     **extra: object,
 ) -> dict[str, str]:
-    user, password = coordinator.admin_auth
-    env = {
-        "STREAMKIT_COORDINATOR_URL": coordinator.url,
-        "STREAMKIT_COORDINATOR_USERNAME": user,
-        "STREAMKIT_COORDINATOR_PASSWORD": password,
-        "STREAMKIT_REDIS_URL": target.url,
-        "STREAMKIT_REDIS_CLUSTER": "true" if target.cluster else "false",
-        "STREAMKIT_MEMBER_ID_BASE": base,
-        "SKT_PREFIX": prefix,
-        "SKT_GROUP": group,
-        "SKT_RECORD": str(record),
-    }
+    env = client_env(coordinator, target.url, target.cluster)
+    env.update(
+        STREAMKIT_MEMBER_ID_BASE=base, SKT_PREFIX=prefix, SKT_GROUP=group, SKT_RECORD=str(record)
+    )
     env.update({f"SKT_{k.upper()}": str(v) for k, v in extra.items()})
     return env
 
