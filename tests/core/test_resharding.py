@@ -55,6 +55,19 @@ def settle(h: Harness, members: list[str]) -> None:
         )
 
 
+def scaled_in_to_2(drained: dict[int, bool]) -> Harness:
+    """4 shards with member "a" scaled in to 2 ("r1"), the routing lease over,
+    the removed shards probed (``drained``) and released: ready to retire."""
+    h = with_members(4, ["a"])
+    h.start(2, "r1")
+    h.complete("r1")
+    h.advance(LEASE)
+    h.tick()
+    h.probed("r1", drained)
+    settle(h, ["a"])
+    return h
+
+
 def test_scale_out_provisions_switches_routing_and_deprecates_after_producer_lease() -> None:
     h = with_members(4, ["a", "b"])
     h.start(8, "r1")
@@ -106,13 +119,7 @@ def test_scale_in_retires_removed_shards_only_after_drain_proof_and_release() ->
 
 
 def test_failed_retirement_makes_the_shard_assignable_again() -> None:
-    h = with_members(4, ["a"])
-    h.start(2, "r1")
-    h.complete("r1")
-    h.advance(LEASE)
-    h.tick()
-    h.probed("r1", {2: True, 3: True})
-    settle(h, ["a"])
+    h = scaled_in_to_2({2: True, 3: True})
     h.retired("r1", {2: True, 3: False})
     assert h.group.draining_shards == [3] and 3 in h.group.target
     assert state(h) is MigrationState.DRAINING
@@ -186,13 +193,7 @@ def test_rollback_of_scale_in_reinstates_removed_shards() -> None:
 
 
 def test_rollback_refused_once_a_shard_is_retired() -> None:
-    h = with_members(4, ["a"])
-    h.start(2, "r1")
-    h.complete("r1")
-    h.advance(LEASE)
-    h.tick()
-    h.probed("r1", {2: True})
-    settle(h, ["a"])
+    h = scaled_in_to_2({2: True})
     h.retired("r1", {2: True})
     with pytest.raises(ReshardingRejected) as refused:
         rollback_resharding(h.group, "r1", h.now, CONFIG)
@@ -226,13 +227,7 @@ def test_ordered_reshard_reads_children_only_after_every_parent_is_retired() -> 
 
 
 def test_plain_reshard_reuses_free_shard_numbers_to_keep_the_identity_layout() -> None:
-    h = with_members(4, ["a"])
-    h.start(2, "r1")
-    h.complete("r1")
-    h.advance(LEASE)
-    h.tick()
-    h.probed("r1", {2: True, 3: True})
-    settle(h, ["a"])
+    h = scaled_in_to_2({2: True, 3: True})
     h.retired("r1", {2: True, 3: True})
     h.start(5, "r2")
     assert h.group.migrations[-1].added_shards == [2, 3, 4]
