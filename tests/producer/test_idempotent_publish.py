@@ -225,9 +225,7 @@ async def test_no_idmp_on_this_server_falls_back_to_the_script(stack: Stack) -> 
     info = await stack.redis.info("server")
     major, minor = (int(x) for x in str(info["redis_version"]).split(".")[:2])
     assert await supports_idmp(stack.redis) is ((major, minor) >= (8, 6))
-    await stack.create_group(1)
-    pub = stack.publisher(idempotent=True)
-    await pub.start()
+    pub = await stack.started_publisher(1, idempotent=True)
     assert pub.idempotence is not None and pub.idempotence.native is False
 
 

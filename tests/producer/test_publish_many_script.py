@@ -124,9 +124,7 @@ async def test_concurrent_idempotent_publishes_merge_into_batched_scripts(stack:
     # 10 ids, each published 4 times by concurrent callers, mixed with plain
     # publishes: the coalescer's pipeline merges the one-entry scripts per
     # shard; each id is appended once and every caller gets its entry.
-    await stack.create_group(4)
-    pub = stack.publisher()
-    await pub.start()
+    pub = await stack.started_publisher(4)
     results: dict[str, list[Any]] = {}
 
     async def one(n: int) -> None:
