@@ -43,11 +43,8 @@ steps_strategy = st.lists(
 def test_batched_check_and_append_appends_each_id_once(
     redis_server: RedisServer, steps: list[Any]
 ) -> None:
-    r = redis.Redis.from_url(redis_server.url)
-    try:
+    with redis.Redis.from_url(redis_server.url) as r:
         run(r, steps)
-    finally:
-        r.close()
 
 
 def run(r: redis.Redis, steps: list[Any]) -> None:
