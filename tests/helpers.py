@@ -279,3 +279,11 @@ def table_rows(path: Path, first_cell: re.Pattern[str]) -> dict[str, list[str]]:
             assert cells[0] not in rows, f"{path.name}: {cells[0]} appears in two table rows"
             rows[cells[0]] = cells
     return rows
+
+
+def assert_same_settings(documented: Iterable[str], expected: Iterable[str], page: str) -> None:
+    """A settings table of ``page`` names every setting of the code and no other."""
+    missing = sorted(set(expected) - set(documented))
+    unknown = sorted(set(documented) - set(expected))
+    assert not missing, f"{page} lacks settings {missing}"
+    assert not unknown, f"{page} documents settings that do not exist: {unknown}"

@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from helpers import table_cells, table_rows
+from helpers import assert_same_settings, table_cells, table_rows
 from pydantic_core import PydanticUndefined
 
 from streamkit.protocol import HeartbeatStatus
@@ -72,12 +72,8 @@ def _expected_default(name: str) -> str:
 
 
 def test_every_setting_is_in_the_configuration_table() -> None:
-    documented = set(_settings_table())
-    expected = {_env(name) for name in ServerSettings.model_fields}
-    missing = sorted(expected - documented)
-    unknown = sorted(documented - expected)
-    assert not missing, f"docs/operations.md lacks settings {missing}"
-    assert not unknown, f"docs/operations.md documents settings that do not exist: {unknown}"
+    expected = [_env(name) for name in ServerSettings.model_fields]
+    assert_same_settings(_settings_table(), expected, "docs/operations.md")
 
 
 @pytest.mark.parametrize("name", sorted(ServerSettings.model_fields))
