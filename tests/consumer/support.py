@@ -17,6 +17,7 @@ from helpers import REPO, Admin, AppProcess, eventually, logical
 
 from streamkit import StreamKit
 from streamkit.demo.dev import client_env
+from streamkit.scripts import slot_key
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
@@ -177,6 +178,15 @@ async def group_state(
             if (name.decode() if isinstance(name, bytes) else name) == group:
                 state[shard] = info
     return state
+
+
+async def effect_count(redis: Any, prefix: str, shards: int) -> int:
+    """The sum of the per-shard counters the counting handlers' effects
+    increment (field ``n`` of the hash ``count`` in each shard's slot)."""
+    total = 0
+    for shard in range(shards):
+        total += int(await redis.hget(slot_key(f"{prefix}:{shard}", "count"), "n") or 0)
+    return total
 
 
 async def all_acked(redis: Any, prefix: str, group: str, shards: int) -> bool:
