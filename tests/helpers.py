@@ -174,6 +174,18 @@ class Admin:
         )
 
 
+async def sigterm_then_kill(proc: subprocess.Popen[bytes], within: float = 10.0) -> None:
+    """SIGTERM ``proc``; SIGKILL it if it is still running ``within`` s later."""
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + within
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait(5)
+            return
+        await anyio.sleep(0.05)
+
+
 class AppProcess(ManagedProcess):
     """``python -m streamkit run <target>`` as a real process, output in a file.
 
