@@ -36,19 +36,15 @@ def bounds_redis() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="module")
 def guarded(bounds_redis: RedisServer) -> Iterator[CoordinatorProcess]:
-    proc = CoordinatorProcess(
+    with CoordinatorProcess(
         bounds_redis.url,
         env={
             "STREAMKIT_SERVER_AUDIT_STREAM": AUDIT,
             "STREAMKIT_SERVER_HEADER_TIMEOUT_MS": "1000",
             "STREAMKIT_SERVER_BODY_TIMEOUT_MS": "1000",
         },
-    )
-    proc.start()
-    try:
+    ) as proc:
         yield proc
-    finally:
-        proc.cleanup()
 
 
 @pytest.fixture

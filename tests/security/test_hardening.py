@@ -28,12 +28,8 @@ REVOKE = f"{API}/admin/principals/admin/revoke-tokens"
 
 @pytest.fixture(scope="module")
 def coord(redis_server: RedisServer) -> Iterator[CoordinatorProcess]:
-    proc = CoordinatorProcess(redis_server.url, env={"STREAMKIT_SERVER_AUDIT_STREAM": AUDIT})
-    proc.start()
-    try:
+    with CoordinatorProcess(redis_server.url, env={"STREAMKIT_SERVER_AUDIT_STREAM": AUDIT}) as proc:
         yield proc
-    finally:
-        proc.cleanup()
 
 
 def _client(coord: CoordinatorProcess) -> httpx.AsyncClient:

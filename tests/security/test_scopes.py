@@ -43,14 +43,10 @@ def coord(scoped_redis: RedisServer) -> Iterator[CoordinatorProcess]:
          "groups": ["orders-*/*"]},
         {"username": "plain-svc", "passwordHash": hashed, "roles": ["MEMBER", "READ"]},
     ]  # fmt: skip
-    proc = CoordinatorProcess(
+    with CoordinatorProcess(
         redis_server.url, env={"STREAMKIT_SERVER_PRINCIPALS": json.dumps(principals)}
-    )
-    proc.start()
-    try:
+    ) as proc:
         yield proc
-    finally:
-        proc.cleanup()
 
 
 def _join(member: str) -> dict[str, Any]:

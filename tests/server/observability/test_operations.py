@@ -69,7 +69,7 @@ def ops(ops_redis: RedisServer) -> Iterator[tuple[CoordinatorProcess, int]]:
         )  # fmt: skip
     url = redis_server.url.replace("redis://", f"redis://{REDIS_USER}:{REDIS_PASSWORD}@")
     metrics_port = free_port()
-    proc = CoordinatorProcess(
+    with CoordinatorProcess(
         url,
         heartbeat_interval_ms=10_000,
         member_lease_ttl_ms=30_000,
@@ -83,12 +83,8 @@ def ops(ops_redis: RedisServer) -> Iterator[tuple[CoordinatorProcess, int]]:
             "STREAMKIT_SERVER_MAX_MEMBERS_PER_GROUP": "3",
             "STREAMKIT_SERVER_ADMIN_MUTATIONS_PER_MINUTE": str(ADMIN_LIMIT),
         },
-    )
-    proc.start()
-    try:
+    ) as proc:
         yield proc, metrics_port
-    finally:
-        proc.cleanup()
         with redis_server.client() as conn:
             conn.execute_command("ACL", "DELUSER", REDIS_USER)
         # Keys of the module (audit stream, limiter windows) must not leak into the next one.
