@@ -34,9 +34,7 @@ async def test_a_thousand_orders_become_a_thousand_invoices_despite_a_crash(
     make_app: InProcessApp,
 ) -> None:
     prefix, group = names
-    invoices = f"{prefix}-invoices"
-    await admin.create_group(prefix, group, 2)
-    await admin.create_group(invoices, "mailing", INVOICE_SHARDS)
+    invoices = await orders_and_invoices(admin, prefix, group)
     app = make_app("invoicing")
     handled = 0
 
@@ -69,6 +67,14 @@ async def test_a_thousand_orders_become_a_thousand_invoices_despite_a_crash(
     duplicates = sum(seen.values()) - ORDERS
     print(f"invoices: {sum(seen.values())}, duplicates after the crash: {duplicates}")
     assert await invoice_count() == ORDERS + duplicates
+
+
+async def orders_and_invoices(admin: Admin, prefix: str, group: str) -> str:
+    """The orders' group (2 shards) and the invoice stream's ("mailing"); its prefix."""
+    invoices = f"{prefix}-invoices"
+    await admin.create_group(prefix, group, 2)
+    await admin.create_group(invoices, "mailing", INVOICE_SHARDS)
+    return invoices
 
 
 async def publish_orders(
@@ -105,9 +111,7 @@ async def test_a_sigkilled_process_loses_no_invoice(
     app_process: AppFactory,
 ) -> None:
     prefix, group = names
-    invoices = f"{prefix}-invoices"
-    await admin.create_group(prefix, group, 2)
-    await admin.create_group(invoices, "mailing", INVOICE_SHARDS)
+    invoices = await orders_and_invoices(admin, prefix, group)
     options = {"module": "invoicing", "invoices": invoices, "sleep_ms": 2}
     victim = app_process("victim", prefix, group, **options)
     survivor = app_process("survivor", prefix, group, **options)
