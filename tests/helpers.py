@@ -89,6 +89,21 @@ async def create_group(
     return await Admin(coordinator, http).create_group(prefix, group, shards)
 
 
+def join_body(member: str = "m1", **changes: Any) -> dict[str, Any]:
+    """The JSON of a member's first heartbeat (epoch 0, metadata version 0, one
+    slot); ``changes`` replace fields, and a ``None`` removes one."""
+    body: dict[str, Any] = {
+        "protocolVersion": 1,
+        "requestId": "r",
+        "memberId": member,
+        "memberEpoch": 0,
+        "metadataVersion": 0,
+        "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1},
+    }
+    body.update(changes)
+    return {k: v for k, v in body.items() if v is not None}
+
+
 class Admin:
     """The coordinator's admin and monitoring API, over real HTTP.
 

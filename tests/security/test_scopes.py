@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers import join_body
 from server.sim import API, hb_path
 
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -50,10 +51,7 @@ def coord(scoped_redis: RedisServer) -> Iterator[CoordinatorProcess]:
 
 
 def _join(member: str) -> dict[str, Any]:
-    return {
-        "protocolVersion": 1, "requestId": "r1", "memberId": member, "memberEpoch": 0,
-        "metadataVersion": 0, "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1},
-    }  # fmt: skip
+    return join_body(member, requestId="r1")
 
 
 async def _groups(coord: CoordinatorProcess) -> tuple[str, str]:
