@@ -17,11 +17,8 @@ from .support import COORDINATOR_ENV, Admin
 
 @pytest.fixture(scope="module")
 def reshard_pool() -> Iterator[CoordinatorPool]:
-    pool = CoordinatorPool()
-    try:
+    with CoordinatorPool() as pool:
         yield pool
-    finally:
-        pool.close()
 
 
 @pytest.fixture
