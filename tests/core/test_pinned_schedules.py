@@ -70,18 +70,13 @@ def test_a_late_previous_epoch_report_releases_nothing() -> None:
     must be answered with the current view, not reconciled as if current
     (which would release the shards m0 now reads).
     """
-    machine = ProtocolSimulation()
-    machine.setup()
-    c0 = machine.processes[0]
-    for sim in machine.members.values():
-        sim.machine = None
+    cast = Scripted()  # no member running yet
+    machine = cast.sim
     m0, m1 = MemberStateMachine("m0", lease_ms=500), MemberStateMachine("m1", lease_ms=500)
     machine.members["m0"].machine, machine.members["m1"].machine = m0, m1
 
     def beat(member: MemberStateMachine) -> None:
-        request = member.next_request(machine.now, in_flight={s: 1 for s in member.draining})
-        machine._answer(member, answered(c0.heartbeat(request, machine.now)))
-        machine.no_shard_held_twice()
+        cast.beat(member, finish_drains=False)
 
     for _ in range(4):  # both join and settle on two shards each
         beat(m0)
@@ -112,18 +107,13 @@ def test_a_restore_from_before_a_handoff_starts_nothing_new() -> None:
     reads the two it was given.  m0's answer during the correction round is
     SYNC_METADATA: it may keep what it reads and must start nothing else.
     """
-    machine = ProtocolSimulation()
-    machine.setup()
-    c0 = machine.processes[0]
-    for sim in machine.members.values():
-        sim.machine = None
+    cast = Scripted()  # no member running yet
+    machine = cast.sim
     m0, m1 = MemberStateMachine("m0", lease_ms=500), MemberStateMachine("m1", lease_ms=500)
     machine.members["m0"].machine = m0
 
     def beat(member: MemberStateMachine) -> None:
-        request = member.next_request(machine.now, in_flight={s: 1 for s in member.draining})
-        machine._answer(member, answered(c0.heartbeat(request, machine.now)))
-        machine.no_shard_held_twice()
+        cast.beat(member, finish_drains=False)
 
     beat(m0)
     beat(m0)
