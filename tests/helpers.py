@@ -27,6 +27,7 @@ from streamkit.protocol import (
     MemberListResponse,
     shard_indexes,
 )
+from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit.testing.process import ManagedProcess
 
@@ -102,6 +103,21 @@ def join_body(member: str = "m1", **changes: Any) -> dict[str, Any]:
     }
     body.update(changes)
     return {k: v for k, v in body.items() if v is not None}
+
+
+def in_process_settings(
+    coordinator: CoordinatorProcess, target: RedisTarget, base: str
+) -> dict[str, Any]:
+    """``StreamKit(**...)`` keyword overrides for an app inside the test process."""
+    user, password = coordinator.admin_auth
+    return {
+        "coordinator_url": coordinator.url,
+        "coordinator_username": user,
+        "coordinator_password": password,
+        "redis_url": target.url,
+        "redis_cluster": target.cluster,
+        "member_id_base": base,
+    }
 
 
 class Admin:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from helpers import REPO, Admin, AppProcess, eventually, logical
+from helpers import REPO, Admin, AppProcess, eventually, in_process_settings, logical
 
 from streamkit import StreamKit
 from streamkit.demo.dev import client_env
@@ -21,7 +21,7 @@ from streamkit.scripts import slot_key
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-__all__ = ["REPO", "Admin", "AppProcess", "eventually", "logical"]
+__all__ = ["REPO", "Admin", "AppProcess", "eventually", "in_process_settings", "logical"]
 
 
 def settled_ownership(owners: Mapping[str, list[int]], members: Iterable[str], shards: int) -> bool:
@@ -227,21 +227,6 @@ class MemoryRecorder:
 
 #: ``make_app(base, **options)`` (the fixture): an in-process app of the test.
 InProcessApp = Callable[..., StreamKit]
-
-
-def in_process_settings(
-    coordinator: CoordinatorProcess, target: RedisTarget, base: str
-) -> dict[str, Any]:
-    """``StreamKit(**...)`` keyword overrides for an app inside the test process."""
-    user, password = coordinator.admin_auth
-    return {
-        "coordinator_url": coordinator.url,
-        "coordinator_username": user,
-        "coordinator_password": password,
-        "redis_url": target.url,
-        "redis_cluster": target.cluster,
-        "member_id_base": base,
-    }
 
 
 @asynccontextmanager
