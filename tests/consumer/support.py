@@ -180,6 +180,19 @@ async def group_state(
     return state
 
 
+async def pending(redis: Any, key: str, group: str) -> int:
+    """How many entries of the stream ``key`` wait for an ack from ``group``."""
+    return int((await redis.xpending(key, group))["pending"])
+
+
+async def nothing_pending(redis: Any, prefix: str, group: str, shards: int) -> bool:
+    """No shard of ``prefix`` has an entry pending for ``group`` (read and not acked)."""
+    for shard in range(shards):
+        if await pending(redis, f"{prefix}:{shard}", group):
+            return False
+    return True
+
+
 async def effect_count(redis: Any, prefix: str, shards: int) -> int:
     """The sum of the per-shard counters the counting handlers' effects
     increment (field ``n`` of the hash ``count`` in each shard's slot)."""

@@ -20,7 +20,7 @@ from streamkit.testing.members import crash_member
 
 from .apps.orders import Invoice, Order, invoice_for
 from .conftest import AppFactory
-from .support import Admin, InProcessApp, eventually, serving, text
+from .support import Admin, InProcessApp, eventually, nothing_pending, serving, text
 
 ORDERS, INVOICE_SHARDS = 1000, 4
 
@@ -50,10 +50,6 @@ async def test_a_thousand_orders_become_a_thousand_invoices_despite_a_crash(
         counts = [int(await redis.xlen(f"{invoices}:{s}")) for s in range(INVOICE_SHARDS)]
         return sum(counts)
 
-    async def all_acked() -> bool:
-        pending = [int((await redis.xpending(f"{prefix}:{s}", group))["pending"]) for s in (0, 1)]
-        return pending == [0, 0]
-
     with anyio.fail_after(40):
         async with serving(app):
             await eventually(lambda: len(app.members) == 2, 10, "two members")
@@ -61,7 +57,9 @@ async def test_a_thousand_orders_become_a_thousand_invoices_despite_a_crash(
             await eventually(lambda: handled >= ORDERS // 3, 10, "a third handled")
             crash_member(app, app.members[0])  # as kill -9: no drain, no acks
             await eventually(lambda: handled >= ORDERS, 20, "every order handled")
-            await eventually(all_acked, 20, "every order acked")
+            await eventually(
+                lambda: nothing_pending(redis, prefix, group, 2), 20, "every order acked"
+            )
     seen = await invoices_by_order(redis, invoices, INVOICE_SHARDS)
     assert set(seen) == {f"o{n}" for n in range(ORDERS)}  # none lost
     duplicates = sum(seen.values()) - ORDERS
