@@ -330,3 +330,11 @@ def assert_same_settings(documented: Iterable[str], expected: Iterable[str], pag
     unknown = sorted(set(documented) - set(expected))
     assert not missing, f"{page} lacks settings {missing}"
     assert not unknown, f"{page} documents settings that do not exist: {unknown}"
+
+
+def setting_row(rows: Mapping[str, list[str]], env: str, page: str, cells: int) -> list[str]:
+    """The row of setting ``env`` in a settings table of ``page``, with ``cells`` cells."""
+    row = rows.get(env)
+    assert row is not None, f"{env} is missing from {page}"
+    assert len(row) == cells, f"row of {env} should have {cells} cells: {row}"
+    return row

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import assert_same_settings, table_cells, table_rows
+from helpers import assert_same_settings, setting_row, table_cells, table_rows
 from pydantic_core import PydanticUndefined
 
 from streamkit.app import StreamKit
@@ -72,11 +72,8 @@ def test_every_client_setting_is_in_the_consumer_guide() -> None:
 
 @pytest.mark.parametrize("name", sorted(StreamKitSettings.model_fields))
 def test_client_setting_row_matches_the_code(name: str) -> None:
-    row = _settings_rows().get(_env(name))
-    if row is None:
-        pytest.fail(f"{_env(name)} is missing from the settings table of docs/consumer.md")
-    assert len(row) == 3, f"row of {_env(name)} should have 3 cells: {row}"
-    _, default, meaning = row
+    page = "the settings table of docs/consumer.md"
+    _, default, meaning = setting_row(_settings_rows(), _env(name), page, 3)
     assert meaning, f"{_env(name)} has no description"
     field = StreamKitSettings.model_fields[name]
     if field.default_factory is not None:
