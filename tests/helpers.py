@@ -2,8 +2,12 @@
 
 One copy of each: the consumer, producer, resharding, server and samples tests
 all poll with ``eventually``, create groups through ``create_group`` (or
-``Admin``), name metadata keys with ``metadata_key`` and start
-``streamkit run`` processes with ``AppProcess``.
+``Admin``), name metadata keys with ``metadata_key``, start ``streamkit run``
+processes with ``AppProcess`` (and stop other children with
+``sigterm_then_kill``), configure in-process clients with
+``in_process_settings`` and send a member's first heartbeat as ``join_body``.
+The docs tests check settings tables with ``assert_same_settings`` and
+``setting_row``.  A TCP path to cut or hold is ``tcp_forwarder.TcpForwarder``.
 """
 
 from __future__ import annotations
