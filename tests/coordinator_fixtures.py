@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Self
 
 import pytest
 
@@ -48,14 +48,17 @@ class CoordinatorPool:
             proc.cleanup()
         self._procs.clear()
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 @pytest.fixture(scope="module")
 def coordinator_pool() -> Iterator[CoordinatorPool]:
-    pool = CoordinatorPool()
-    try:
+    with CoordinatorPool() as pool:
         yield pool
-    finally:
-        pool.close()
 
 
 @pytest.fixture

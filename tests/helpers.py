@@ -2,8 +2,12 @@
 
 One copy of each: the consumer, producer, resharding, server and samples tests
 all poll with ``eventually``, create groups through ``create_group`` (or
-``Admin``), name metadata keys with ``metadata_key`` and start
-``streamkit run`` processes with ``AppProcess``.
+``Admin``), name metadata keys with ``metadata_key``, start ``streamkit run``
+processes with ``AppProcess`` (and stop other children with
+``sigterm_then_kill``), configure in-process clients with
+``in_process_settings`` and send a member's first heartbeat as ``join_body``.
+The docs tests check settings tables with ``assert_same_settings`` and
+``setting_row``.  A TCP path to cut or hold is ``tcp_forwarder.TcpForwarder``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from streamkit.protocol import (
     MemberListResponse,
     shard_indexes,
 )
+from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit.testing.process import ManagedProcess
 
@@ -87,6 +92,36 @@ async def create_group(
 ) -> dict[str, Any]:
     """``POST /streams/{prefix}/groups/{group}`` as the admin; asserts 201."""
     return await Admin(coordinator, http).create_group(prefix, group, shards)
+
+
+def join_body(member: str = "m1", **changes: Any) -> dict[str, Any]:
+    """The JSON of a member's first heartbeat (epoch 0, metadata version 0, one
+    slot); ``changes`` replace fields, and a ``None`` removes one."""
+    body: dict[str, Any] = {
+        "protocolVersion": 1,
+        "requestId": "r",
+        "memberId": member,
+        "memberEpoch": 0,
+        "metadataVersion": 0,
+        "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1},
+    }
+    body.update(changes)
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def in_process_settings(
+    coordinator: CoordinatorProcess, target: RedisTarget, base: str
+) -> dict[str, Any]:
+    """``StreamKit(**...)`` keyword overrides for an app inside the test process."""
+    user, password = coordinator.admin_auth
+    return {
+        "coordinator_url": coordinator.url,
+        "coordinator_username": user,
+        "coordinator_password": password,
+        "redis_url": target.url,
+        "redis_cluster": target.cluster,
+        "member_id_base": base,
+    }
 
 
 class Admin:
@@ -172,6 +207,18 @@ class Admin:
         return MemberListResponse.from_wire(
             await self.get_json(self._monitoring(prefix, group, "members"))
         )
+
+
+async def sigterm_then_kill(proc: subprocess.Popen[bytes], within: float = 10.0) -> None:
+    """SIGTERM ``proc``; SIGKILL it if it is still running ``within`` s later."""
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + within
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait(5)
+            return
+        await anyio.sleep(0.05)
 
 
 class AppProcess(ManagedProcess):
@@ -279,3 +326,19 @@ def table_rows(path: Path, first_cell: re.Pattern[str]) -> dict[str, list[str]]:
             assert cells[0] not in rows, f"{path.name}: {cells[0]} appears in two table rows"
             rows[cells[0]] = cells
     return rows
+
+
+def assert_same_settings(documented: Iterable[str], expected: Iterable[str], page: str) -> None:
+    """A settings table of ``page`` names every setting of the code and no other."""
+    missing = sorted(set(expected) - set(documented))
+    unknown = sorted(set(documented) - set(expected))
+    assert not missing, f"{page} lacks settings {missing}"
+    assert not unknown, f"{page} documents settings that do not exist: {unknown}"
+
+
+def setting_row(rows: Mapping[str, list[str]], env: str, page: str, cells: int) -> list[str]:
+    """The row of setting ``env`` in a settings table of ``page``, with ``cells`` cells."""
+    row = rows.get(env)
+    assert row is not None, f"{env} is missing from {page}"
+    assert len(row) == cells, f"row of {env} should have {cells} cells: {row}"
+    return row

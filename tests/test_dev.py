@@ -15,7 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 
@@ -76,14 +77,21 @@ async def _publish(settings: StreamKitSettings, order: Order) -> None:
         await publisher.publish(order.order_id, order)
 
 
-def test_dev_handles_a_published_order_and_leaves_nothing_behind(tmp_path: Path) -> None:
+def _user_env() -> dict[str, str]:
+    """The user's environment without ``STREAMKIT_*`` settings, output unbuffered."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMKIT_")}
     env["PYTHONUNBUFFERED"] = "1"
-    log = tmp_path / "dev.err"
+    return env
+
+
+@contextmanager
+def _dev(*args: str, cwd: Path, env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[str]]:
+    """``streamkit dev ARGS`` in a session of its own (as in a terminal), its
+    stderr in ``log``; SIGKILLed with its group if a failure leaves it running."""
     with open(log, "w") as errors:
         proc = subprocess.Popen(
-            [*_command(), "dev", "samples.orders.app:app"],
-            cwd=REPO,
+            [*_command(), "dev", *args],
+            cwd=cwd,
             env=env,
             stdout=subprocess.PIPE,
             stderr=errors,
@@ -91,6 +99,24 @@ def test_dev_handles_a_published_order_and_leaves_nothing_behind(tmp_path: Path)
             start_new_session=True,
         )
     try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _interrupt(proc: subprocess.Popen[str], log: Path) -> None:
+    """Ctrl-C in the terminal: SIGINT to the command's process group; it exits 0."""
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(60) == 0, log.read_text()
+
+
+def test_dev_handles_a_published_order_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    log = tmp_path / "dev.err"
+    with _dev("samples.orders.app:app", cwd=REPO, env=_user_env(), log=log) as proc:
         exports = _wait_for_line(proc, r"^export (.*)$", within=60)[1]
         settings = dict(item.split("=", 1) for item in exports.split())
         coordinator_url = settings["STREAMKIT_COORDINATOR_URL"]
@@ -109,15 +135,7 @@ def test_dev_handles_a_published_order_and_leaves_nothing_behind(tmp_path: Path)
         finally:
             data.close()
         coordinator_pid = int(httpx.get(f"{coordinator_url}/healthz").json()["pid"])
-        # Ctrl-C in the terminal: SIGINT to the command's process group.
-        os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(60) == 0, log.read_text()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        _interrupt(proc, log)
     text = log.read_text()
     assert "left the group" in text and "stopped the app, the coordinator and Redis" in text, text
     assert "Traceback" not in text, text
@@ -162,22 +180,12 @@ def test_a_second_dev_in_the_same_place_refuses_and_leaves_the_first_alone(
     """Same directory and settings file, then same port: one ``error:`` line each,
     before any Redis starts, and the first one's file and coordinator untouched."""
     (tmp_path / "tiny.py").write_text(_TINY_APP)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMKIT_")}
-    env["PYTHONUNBUFFERED"] = "1"
+    env = _user_env()
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     port = free_port()
     log = tmp_path / "first.err"
-    with open(log, "w") as errors:
-        first = subprocess.Popen(
-            [*_command(), "dev", "tiny:app", "--env-file", ".env", "--port", str(port)],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            text=True,
-            start_new_session=True,
-        )
-    try:
+    args = ("tiny:app", "--env-file", ".env", "--port", str(port))
+    with _dev(*args, cwd=tmp_path, env=env, log=log) as first:
         _wait_for_line(first, r"^\(also written to \.env", within=60)
         settings_file = (tmp_path / ".env").read_text()
         assert f"# pid {first.pid}\n" in settings_file
@@ -192,14 +200,7 @@ def test_a_second_dev_in_the_same_place_refuses_and_leaves_the_first_alone(
         assert (tmp_path / ".env").read_text() == settings_file
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").json()["pid"] != first.pid
         assert first.poll() is None
-        os.killpg(first.pid, signal.SIGINT)
-        assert first.wait(60) == 0, log.read_text()
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait(10)
-        if first.stdout is not None:
-            first.stdout.close()
+        _interrupt(first, log)
     assert not (tmp_path / ".env").exists(), "the first removes its file when it stops"
     # A file left by a dev that was killed (or whose pid now runs something else)
     # is replaced, not refused.

@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from helpers import table_cells, table_rows
+from helpers import assert_same_settings, setting_row, table_cells, table_rows
 from pydantic_core import PydanticUndefined
 
 from streamkit.protocol import HeartbeatStatus
@@ -72,21 +72,13 @@ def _expected_default(name: str) -> str:
 
 
 def test_every_setting_is_in_the_configuration_table() -> None:
-    documented = set(_settings_table())
-    expected = {_env(name) for name in ServerSettings.model_fields}
-    missing = sorted(expected - documented)
-    unknown = sorted(documented - expected)
-    assert not missing, f"docs/operations.md lacks settings {missing}"
-    assert not unknown, f"docs/operations.md documents settings that do not exist: {unknown}"
+    expected = [_env(name) for name in ServerSettings.model_fields]
+    assert_same_settings(_settings_table(), expected, "docs/operations.md")
 
 
 @pytest.mark.parametrize("name", sorted(ServerSettings.model_fields))
 def test_setting_row_matches_the_code(name: str) -> None:
-    row = _settings_table().get(_env(name))
-    if row is None:
-        pytest.fail(f"{_env(name)} is missing from docs/operations.md")
-    assert len(row) == 4, f"row of {_env(name)} should have 4 cells: {row}"
-    _, flag, default, meaning = row
+    _, flag, default, meaning = setting_row(_settings_table(), _env(name), "docs/operations.md", 4)
     assert flag == "--" + name.replace("_", "-")
     assert default == _expected_default(name), (
         f"{_env(name)}: docs say default {default!r}, settings.py has {_expected_default(name)!r}"

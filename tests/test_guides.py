@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import table_cells, table_rows
+from helpers import assert_same_settings, setting_row, table_cells, table_rows
 from pydantic_core import PydanticUndefined
 
 from streamkit.app import StreamKit
@@ -66,21 +66,14 @@ def _settings_rows() -> dict[str, list[str]]:
 
 
 def test_every_client_setting_is_in_the_consumer_guide() -> None:
-    documented = set(_settings_rows())
-    expected = {_env(name) for name in StreamKitSettings.model_fields}
-    missing = sorted(expected - documented)
-    unknown = sorted(documented - expected)
-    assert not missing, f"docs/consumer.md lacks settings {missing}"
-    assert not unknown, f"docs/consumer.md documents settings that do not exist: {unknown}"
+    expected = [_env(name) for name in StreamKitSettings.model_fields]
+    assert_same_settings(_settings_rows(), expected, "docs/consumer.md")
 
 
 @pytest.mark.parametrize("name", sorted(StreamKitSettings.model_fields))
 def test_client_setting_row_matches_the_code(name: str) -> None:
-    row = _settings_rows().get(_env(name))
-    if row is None:
-        pytest.fail(f"{_env(name)} is missing from the settings table of docs/consumer.md")
-    assert len(row) == 3, f"row of {_env(name)} should have 3 cells: {row}"
-    _, default, meaning = row
+    page = "the settings table of docs/consumer.md"
+    _, default, meaning = setting_row(_settings_rows(), _env(name), page, 3)
     assert meaning, f"{_env(name)} has no description"
     field = StreamKitSettings.model_fields[name]
     if field.default_factory is not None:

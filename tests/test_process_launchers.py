@@ -4,12 +4,15 @@ on real child processes."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Self
 
+import anyio
 import pytest
+from helpers import sigterm_then_kill
 
 from streamkit.testing import process
 from streamkit.testing.coordinator import CoordinatorProcessError
@@ -51,3 +54,17 @@ def test_the_launchers_old_error_name_still_works_and_warns() -> None:
 
     with pytest.warns(DeprecationWarning, match="CoordinatorProcessError"):
         assert coordinator.CoordinatorError is CoordinatorProcessError
+
+
+@pytest.mark.parametrize(
+    ("ignores_sigterm", "signal_number"), [(False, signal.SIGTERM), (True, signal.SIGKILL)]
+)
+def test_sigterm_then_kill_ends_the_process_either_way(
+    ignores_sigterm: bool, signal_number: int
+) -> None:
+    ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN); " if ignores_sigterm else ""
+    code = f"import signal, time; {ignore}print('ready', flush=True); time.sleep(60)"
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        anyio.run(sigterm_then_kill, proc, 0.5)
+        assert proc.returncode == -signal_number

@@ -22,10 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, Admin, AppProcess, create_group, eventually, logical
+from helpers import (
+    REPO,
+    Admin,
+    AppProcess,
+    create_group,
+    eventually,
+    in_process_settings,
+    logical,
+)
 
 from samples.orders.app import Order
 from streamkit import Publisher, StreamKitSettings
+from streamkit.demo.dev import client_env as dev_client_env
 from streamkit.routing import shard_for_key
 from streamkit.testing import RedisTarget, redis_client
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -45,24 +54,10 @@ async def members(coordinator: CoordinatorProcess, prefix: str, group: str) -> l
 
 def client_env(coordinator: CoordinatorProcess, target: RedisTarget, base: str) -> dict[str, str]:
     """The ``STREAMKIT_*`` variables a sample needs (the getting-started set)."""
-    user, password = coordinator.admin_auth
     return {
-        "STREAMKIT_COORDINATOR_URL": coordinator.url,
-        "STREAMKIT_COORDINATOR_USERNAME": user,
-        "STREAMKIT_COORDINATOR_PASSWORD": password,
-        "STREAMKIT_REDIS_URL": target.url,
+        **dev_client_env(coordinator, target.url, target.cluster),
         "STREAMKIT_MEMBER_ID_BASE": base,
     }
-
-
-def settings_for(coordinator: CoordinatorProcess, target: RedisTarget) -> StreamKitSettings:
-    user, password = coordinator.admin_auth
-    return StreamKitSettings(
-        coordinator_url=coordinator.url,
-        coordinator_username=user,
-        coordinator_password=password,
-        redis_url=target.url,
-    )
 
 
 @asynccontextmanager
@@ -110,9 +105,8 @@ async def test_orders_sample_bills_every_order_once(
     try:
         async with sample("samples.orders.app:app", env, tmp_path / "orders.log") as proc:
             order_ids = [f"order-{i}" for i in range(count)]
-            async with Publisher(
-                ORDERS, BILLING, settings=settings_for(coordinator, any_redis)
-            ) as publisher:
+            settings = StreamKitSettings(**in_process_settings(coordinator, any_redis, "pub"))
+            async with Publisher(ORDERS, BILLING, settings=settings) as publisher:
                 results = await publisher.publish_many(
                     (oid, Order(order_id=oid, amount=Decimal(f"{i % 97}.50")))
                     for i, oid in enumerate(order_ids)

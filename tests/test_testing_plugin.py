@@ -137,23 +137,29 @@ def _config_blocks() -> dict[str, str]:
 
 
 @pytest.mark.redis  # the fresh project's session starts its own redis-server
-def test_the_docs_project_runs_as_written(tmp_path: Path) -> None:
-    """A new project holding only the guide's config block and its test file
-    passes: the page starts with everything pytest needs."""
-    (tests,) = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
-    (tmp_path / "pyproject.toml").write_text(_config_blocks()["toml"])
-    (tmp_path / "test_orders.py").write_text(tests)
+def _pytest_passes(project: Path, tests: int) -> None:
+    """pytest in ``project`` as its developer runs it (no ``STREAMKIT_``/``PYTEST_``
+    variables of ours), warnings as errors: ``tests`` tests pass."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMKIT_", "PYTEST_"))}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error"],
-        cwd=tmp_path,
+        cwd=project,
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 passed" in result.stdout, result.stdout
+    assert f"{tests} passed" in result.stdout, result.stdout
+
+
+def test_the_docs_project_runs_as_written(tmp_path: Path) -> None:
+    """A new project holding only the guide's config block and its test file
+    passes: the page starts with everything pytest needs."""
+    (tests,) = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    (tmp_path / "pyproject.toml").write_text(_config_blocks()["toml"])
+    (tmp_path / "test_orders.py").write_text(tests)
+    _pytest_passes(tmp_path, 2)
 
 
 def test_the_docs_pytest_ini_says_the_same() -> None:
@@ -191,14 +197,4 @@ async def test_send_waits_for_the_ack_or_the_dead_letter_with_ms_backoff(
 @pytest.mark.long  # about 20-40 s on a shared 2-core machine: python bench/app_tests.py
 def test_the_example_suite_passes_without_warnings() -> None:
     suite = Path(__file__).resolve().parents[1] / "samples" / "app_tests"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMKIT_", "PYTEST_"))}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error"],
-        cwd=suite,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "20 passed" in result.stdout, result.stdout
+    _pytest_passes(suite, 20)

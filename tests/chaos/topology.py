@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 import redis.asyncio
 from consumer.support import REPO, AppProcess
+from helpers import sigterm_then_kill
 
 from streamkit.testing import HOST, RedisServer
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -221,13 +221,7 @@ class Topology:
         proc, self.publisher = self.publisher, None
         if proc is None:
             return
-        proc.send_signal(signal.SIGTERM)
-        for _ in range(200):
-            if proc.poll() is not None:
-                return
-            await asyncio.sleep(0.05)
-        proc.kill()
-        proc.wait(5)
+        await sigterm_then_kill(proc)
 
     # -- teardown --------------------------------------------------------------------------
 

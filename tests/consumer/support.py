@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from helpers import REPO, Admin, AppProcess, eventually, logical
+from helpers import REPO, Admin, AppProcess, eventually, in_process_settings, logical
 
 from streamkit import StreamKit
+from streamkit.demo.dev import client_env
+from streamkit.scripts import slot_key
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
-__all__ = ["REPO", "Admin", "AppProcess", "eventually", "logical"]
+__all__ = ["REPO", "Admin", "AppProcess", "eventually", "in_process_settings", "logical"]
 
 
 def settled_ownership(owners: Mapping[str, list[int]], members: Iterable[str], shards: int) -> bool:
@@ -42,18 +44,10 @@ def app_env(
     record: Path,
     **extra: object,
 ) -> dict[str, str]:
-    user, password = coordinator.admin_auth
-    env = {
-        "STREAMKIT_COORDINATOR_URL": coordinator.url,
-        "STREAMKIT_COORDINATOR_USERNAME": user,
-        "STREAMKIT_COORDINATOR_PASSWORD": password,
-        "STREAMKIT_REDIS_URL": target.url,
-        "STREAMKIT_REDIS_CLUSTER": "true" if target.cluster else "false",
-        "STREAMKIT_MEMBER_ID_BASE": base,
-        "SKT_PREFIX": prefix,
-        "SKT_GROUP": group,
-        "SKT_RECORD": str(record),
-    }
+    env = client_env(coordinator, target.url, target.cluster)
+    env.update(
+        STREAMKIT_MEMBER_ID_BASE=base, SKT_PREFIX=prefix, SKT_GROUP=group, SKT_RECORD=str(record)
+    )
     env.update({f"SKT_{k.upper()}": str(v) for k, v in extra.items()})
     return env
 
@@ -186,6 +180,28 @@ async def group_state(
     return state
 
 
+async def pending(redis: Any, key: str, group: str) -> int:
+    """How many entries of the stream ``key`` wait for an ack from ``group``."""
+    return int((await redis.xpending(key, group))["pending"])
+
+
+async def nothing_pending(redis: Any, prefix: str, group: str, shards: int) -> bool:
+    """No shard of ``prefix`` has an entry pending for ``group`` (read and not acked)."""
+    for shard in range(shards):
+        if await pending(redis, f"{prefix}:{shard}", group):
+            return False
+    return True
+
+
+async def effect_count(redis: Any, prefix: str, shards: int) -> int:
+    """The sum of the per-shard counters the counting handlers' effects
+    increment (field ``n`` of the hash ``count`` in each shard's slot)."""
+    total = 0
+    for shard in range(shards):
+        total += int(await redis.hget(slot_key(f"{prefix}:{shard}", "count"), "n") or 0)
+    return total
+
+
 async def all_acked(redis: Any, prefix: str, group: str, shards: int) -> bool:
     state = await group_state(redis, prefix, group, shards)
     return len(state) == shards and all(s["pending"] == 0 and s["lag"] == 0 for s in state.values())
@@ -224,21 +240,6 @@ class MemoryRecorder:
 
 #: ``make_app(base, **options)`` (the fixture): an in-process app of the test.
 InProcessApp = Callable[..., StreamKit]
-
-
-def in_process_settings(
-    coordinator: CoordinatorProcess, target: RedisTarget, base: str
-) -> dict[str, Any]:
-    """``StreamKit(**...)`` keyword overrides for an app inside the test process."""
-    user, password = coordinator.admin_auth
-    return {
-        "coordinator_url": coordinator.url,
-        "coordinator_username": user,
-        "coordinator_password": password,
-        "redis_url": target.url,
-        "redis_cluster": target.cluster,
-        "member_id_base": base,
-    }
 
 
 @asynccontextmanager

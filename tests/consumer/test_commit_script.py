@@ -84,11 +84,8 @@ class Model:
 def test_commit_is_all_or_nothing_fenced_and_once(
     redis_server: RedisServer, steps: list[Any]
 ) -> None:
-    r = redis.Redis.from_url(redis_server.url)
-    try:
+    with redis.Redis.from_url(redis_server.url) as r:
         run(r, steps)
-    finally:
-        r.close()
 
 
 def run(r: redis.Redis, steps: list[Any]) -> None:

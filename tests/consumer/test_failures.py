@@ -23,6 +23,8 @@ from .support import (
     dead_letters,
     eventually,
     logical,
+    nothing_pending,
+    pending,
     serving,
     text,
 )
@@ -48,10 +50,6 @@ class Call:
 async def publish(redis: Any, prefix: str, shard: int, key: str, **extra: str) -> str:
     entry: bytes = await redis.xadd(f"{prefix}:{shard}", {"key": key, **extra})
     return entry.decode()
-
-
-async def pending(redis: Any, key: str, group: str) -> int:
-    return int((await redis.xpending(key, group))["pending"])
 
 
 async def test_poison_entry_in_ordered_shard_is_retried_then_dead_lettered(
@@ -91,7 +89,7 @@ async def test_poison_entry_in_ordered_shard_is_retried_then_dead_lettered(
                 10,
                 "every other entry",
             )
-            await eventually(lambda: _nothing_pending(redis, prefix, group, 2), 5, "all acked")
+            await eventually(lambda: nothing_pending(redis, prefix, group, 2), 5, "all acked")
     # Ids are per stream: shard 1 may have an entry with the poison's id.
     tries = [c for c in calls if c.shard == 0 and c.id == poison]
     assert [c.attempt for c in tries] == [1, 2, 3, 4]
@@ -193,7 +191,7 @@ async def test_unordered_listener_does_not_wait_for_a_failing_entry(
     with anyio.fail_after(20):
         async with serving(app):
             await eventually(lambda: _len(redis, dlq, 1), 10, "the poison entry dead-lettered")
-            await eventually(lambda: _nothing_pending(redis, prefix, group, 1), 5, "all acked")
+            await eventually(lambda: nothing_pending(redis, prefix, group, 1), 5, "all acked")
     assert [a for i, a in seen if i == poison] == [1, 2]
     # Every other entry was handled once, before the retry of the poison.
     first_retry = seen.index((poison, 2))
@@ -242,7 +240,7 @@ async def test_nack_delay_and_errors_that_are_not_retried(
         async with serving(app):
             await eventually(lambda: _len(redis, dlq, 2), 10, "two dead letters")
             await eventually(lambda: any(s[0] == after for s in seen), 10, "the last entry")
-            await eventually(lambda: _nothing_pending(redis, prefix, group, 1), 5, "all acked")
+            await eventually(lambda: nothing_pending(redis, prefix, group, 1), 5, "all acked")
     nacks = [s for s in seen if s[0] == nacked]
     assert [a for _, a, _ in nacks] == [1, 2]
     assert nacks[1][2] - nacks[0][2] >= 0.3 * 0.95
@@ -293,7 +291,7 @@ async def test_a_stop_during_backoff_leaves_the_entry_to_the_next_owner(
     with anyio.fail_after(15):
         async with serving(second):
             await eventually(lambda: _len(redis, dlq, 1), 10, "the poison entry dead-lettered")
-            await eventually(lambda: _nothing_pending(redis, prefix, group, 1), 5, "all acked")
+            await eventually(lambda: nothing_pending(redis, prefix, group, 1), 5, "all acked")
     seen = [(i, a, logical(m)) for i, a, m in seen]  # without the per-start part
     assert [(a, m) for i, a, m in seen if i == poison] == [
         (1, "first-m0"),
@@ -380,10 +378,3 @@ def _id(entry_id: str) -> tuple[int, int]:
 
 async def _len(redis: Any, key: str, count: int) -> bool:
     return int(await redis.xlen(key)) == count
-
-
-async def _nothing_pending(redis: Any, prefix: str, group: str, shards: int) -> bool:
-    for shard in range(shards):
-        if await pending(redis, f"{prefix}:{shard}", group):
-            return False
-    return True

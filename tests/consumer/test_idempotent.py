@@ -15,17 +15,9 @@ from streamkit.publisher.idempotence import IDEMPOTENCY_FIELD
 from streamkit.routing import redis_cluster_slot
 from streamkit.scripts import slot_key
 
-from .support import Admin, InProcessApp, all_acked, eventually, serving
+from .support import Admin, InProcessApp, all_acked, effect_count, eventually, serving
 
 SHARDS = 2
-
-
-async def counter(redis: Any, prefix: str) -> int:
-    total = 0
-    for shard in range(SHARDS):
-        value = await redis.hget(slot_key(f"{prefix}:{shard}", "count"), "n")
-        total += int(value or 0)
-    return total
 
 
 async def test_duplicates_are_skipped_and_effects_apply_once(
@@ -53,7 +45,7 @@ async def test_duplicates_are_skipped_and_effects_apply_once(
             # the marker: no second effect.
             await publish(first + first[:10])
             await eventually(lambda: all_acked(redis, prefix, group, SHARDS), 10, "all acked")
-            assert await counter(redis, prefix) == 40
+            assert await effect_count(redis, prefix, SHARDS) == 40
             handled = len(calls)
             # Later repeats are acked without running the handler.
             await publish(first[10:30])
@@ -62,7 +54,7 @@ async def test_duplicates_are_skipped_and_effects_apply_once(
             poller = app.members[0].poller
             assert poller is not None
             assert poller.commit_counts.duplicates_skipped == 30
-    assert await counter(redis, prefix) == 40
+    assert await effect_count(redis, prefix, SHARDS) == 40
     markers = sum([await redis.zcard(marker_key(f"{prefix}:{s}", group)) for s in range(SHARDS)])
     assert markers == 40
 

@@ -15,22 +15,14 @@ import pytest
 
 from streamkit.publisher.idempotence import IDEMPOTENCY_FIELD
 from streamkit.routing import shard_for_key
-from streamkit.scripts import slot_key
 
-from .support import Admin, all_acked, eventually
+from .support import Admin, all_acked, effect_count, eventually
 
 # ~20 s per Redis (process starts, member leases running out after each kill).
 pytestmark = pytest.mark.long
 
 SHARDS = 4
 DISTINCT = 600
-
-
-async def counted(redis: Any, prefix: str) -> int:
-    total = 0
-    for shard in range(SHARDS):
-        total += int(await redis.hget(slot_key(f"{prefix}:{shard}", "count"), "n") or 0)
-    return total
 
 
 async def test_counter_equals_distinct_ids_after_sigkills(
@@ -53,7 +45,7 @@ async def test_counter_equals_distinct_ids_after_sigkills(
     with anyio.fail_after(90):
         for _ in range(3):  # kill each app mid-run, then start it again
             for victim in ("a", "b"):
-                before = await counted(redis, prefix)
+                before = await effect_count(redis, prefix, SHARDS)
                 await eventually(
                     lambda before=before: _moved(redis, prefix, before), 20, "progress"
                 )
@@ -69,12 +61,12 @@ async def test_counter_equals_distinct_ids_after_sigkills(
                     break
         await eventually(lambda: all_acked(redis, prefix, group, SHARDS), 60, "all acked")
     assert kills >= 2
-    assert await counted(redis, prefix) == DISTINCT
+    assert await effect_count(redis, prefix, SHARDS) == DISTINCT
 
 
 async def _moved(redis: Any, prefix: str, before: int) -> bool:
-    return await counted(redis, prefix) > before or await all_acked_any(redis, prefix)
+    return await effect_count(redis, prefix, SHARDS) > before or await all_acked_any(redis, prefix)
 
 
 async def all_acked_any(redis: Any, prefix: str) -> bool:
-    return await counted(redis, prefix) >= DISTINCT
+    return await effect_count(redis, prefix, SHARDS) >= DISTINCT

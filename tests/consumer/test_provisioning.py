@@ -21,22 +21,9 @@ from streamkit.provisioning import ProvisioningError
 from streamkit.testing import RedisTarget
 from streamkit_server.auth.principals import hash_password
 
-from .support import Admin
+from .support import Admin, InProcessApp, in_process_settings
 
 standalone = pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
-
-
-def make_app(
-    coordinator: Any, target: RedisTarget, auth: tuple[str, str] | None = None
-) -> StreamKit:
-    user, password = auth or coordinator.admin_auth
-    return StreamKit(
-        coordinator_url=coordinator.url,
-        coordinator_username=user,
-        coordinator_password=password,
-        redis_url=target.url,
-        redis_cluster=target.cluster,
-    )
 
 
 async def handle(msg: Message) -> None:
@@ -45,10 +32,10 @@ async def handle(msg: Message) -> None:
 
 @standalone
 async def test_missing_stream_and_groups_are_created(
-    coordinator: Any, any_redis: RedisTarget, admin: Admin, names: tuple[str, str], caplog: Any
+    admin: Admin, names: tuple[str, str], caplog: Any, make_app: InProcessApp
 ) -> None:
     prefix, group = names
-    app = make_app(coordinator, any_redis)
+    app = make_app("prov")
     app.stream_listener(stream_prefix=prefix, group=group, shards=3)(handle)
     app.publisher(stream_prefix=prefix, group="audit")
     app.stream(prefix, groups=["reports"])
@@ -66,10 +53,10 @@ async def test_missing_stream_and_groups_are_created(
 
 @standalone
 async def test_apps_starting_at_once_create_the_stream_once(
-    coordinator: Any, any_redis: RedisTarget, admin: Admin, names: tuple[str, str], caplog: Any
+    admin: Admin, names: tuple[str, str], caplog: Any, make_app: InProcessApp
 ) -> None:
     prefix, group = names
-    apps = [make_app(coordinator, any_redis) for _ in range(4)]
+    apps = [make_app("prov") for _ in range(4)]
     for app in apps:
         app.stream_listener(stream_prefix=prefix, group=group, shards=2)(handle)
     caplog.set_level(logging.INFO, logger="streamkit.provisioning")
@@ -86,11 +73,11 @@ async def test_apps_starting_at_once_create_the_stream_once(
 
 @standalone
 async def test_another_shard_count_is_logged_never_resharded(
-    coordinator: Any, any_redis: RedisTarget, admin: Admin, names: tuple[str, str], caplog: Any
+    admin: Admin, names: tuple[str, str], caplog: Any, make_app: InProcessApp
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 2)
-    app = make_app(coordinator, any_redis)
+    app = make_app("prov")
     app.stream_listener(stream_prefix=prefix, group=group, shards=8)(handle)
     caplog.set_level(logging.INFO, logger="streamkit.provisioning")
     try:
@@ -117,7 +104,10 @@ async def test_without_write_role_the_error_names_it(
     coordinator = coordinator_factory(
         any_redis, env={"STREAMKIT_SERVER_PRINCIPALS": json.dumps(principals)}
     )
-    app = make_app(coordinator, any_redis, ("app", "pw"))
+    # The app's own principal, not the admin.
+    settings = in_process_settings(coordinator, any_redis, "prov")
+    settings.update(coordinator_username="app", coordinator_password="pw")
+    app = StreamKit(**settings)
     app.stream_listener(stream_prefix=prefix, group=group, shards=2)(handle)
     try:
         with pytest.raises(ProvisioningError) as caught:
@@ -129,7 +119,7 @@ async def test_without_write_role_the_error_names_it(
     assert f"streamkit stream create {prefix} --shards 2" in message, message
     # Once an operator created it, the same credentials start fine.
     await Admin(coordinator).create_group(prefix, group, 2)
-    again = make_app(coordinator, any_redis, ("app", "pw"))
+    again = StreamKit(**settings)
     again.stream_listener(stream_prefix=prefix, group=group, shards=2)(handle)
     try:
         await again.provision()

@@ -10,7 +10,6 @@ from typing import Any
 
 import anyio
 import pytest
-from pydantic import BaseModel
 
 from streamkit import Message, Publisher, StreamKit
 from streamkit.consumer.listener import ListenerConfigError
@@ -19,21 +18,9 @@ from streamkit.routing import shard_for_key
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit.testing.members import crash_member
 
+from .apps.orders import Invoice, Order, invoice_for
 from .conftest import AppFactory
-from .support import Admin, InProcessApp, eventually, serving, text
-
-
-class Order(BaseModel):
-    order_id: str
-    customer_id: str
-    amount: int
-
-
-class Invoice(BaseModel):
-    order_id: str
-    customer_id: str
-    total: int
-
+from .support import Admin, InProcessApp, eventually, nothing_pending, serving, text
 
 ORDERS, INVOICE_SHARDS = 1000, 4
 
@@ -47,9 +34,7 @@ async def test_a_thousand_orders_become_a_thousand_invoices_despite_a_crash(
     make_app: InProcessApp,
 ) -> None:
     prefix, group = names
-    invoices = f"{prefix}-invoices"
-    await admin.create_group(prefix, group, 2)
-    await admin.create_group(invoices, "mailing", INVOICE_SHARDS)
+    invoices = await orders_and_invoices(admin, prefix, group)
     app = make_app("invoicing")
     handled = 0
 
@@ -59,35 +44,48 @@ async def test_a_thousand_orders_become_a_thousand_invoices_despite_a_crash(
     async def bill(order: Order) -> Invoice:
         nonlocal handled
         handled += 1
-        return Invoice(order_id=order.order_id, customer_id=order.customer_id, total=order.amount)
+        return invoice_for(order)
 
     async def invoice_count() -> int:
         counts = [int(await redis.xlen(f"{invoices}:{s}")) for s in range(INVOICE_SHARDS)]
         return sum(counts)
 
-    async def all_acked() -> bool:
-        pending = [int((await redis.xpending(f"{prefix}:{s}", group))["pending"]) for s in (0, 1)]
-        return pending == [0, 0]
-
-    user, password = coordinator.admin_auth
-    async with CoordinatorClient(coordinator.url, username=user, password=password) as client:
-        orders = Publisher(prefix, group, coordinator=client, redis=redis)
-        with anyio.fail_after(40):
-            async with serving(app):
-                await eventually(lambda: len(app.members) == 2, 10, "two members")
-                await orders.publish_many(
-                    (f"c{n % 37}", Order(order_id=f"o{n}", customer_id=f"c{n % 37}", amount=n))
-                    for n in range(ORDERS)
-                )
-                await eventually(lambda: handled >= ORDERS // 3, 10, "a third handled")
-                crash_member(app, app.members[0])  # as kill -9: no drain, no acks
-                await eventually(lambda: handled >= ORDERS, 20, "every order handled")
-                await eventually(all_acked, 20, "every order acked")
+    with anyio.fail_after(40):
+        async with serving(app):
+            await eventually(lambda: len(app.members) == 2, 10, "two members")
+            await publish_orders(coordinator, redis, prefix, group)
+            await eventually(lambda: handled >= ORDERS // 3, 10, "a third handled")
+            crash_member(app, app.members[0])  # as kill -9: no drain, no acks
+            await eventually(lambda: handled >= ORDERS, 20, "every order handled")
+            await eventually(
+                lambda: nothing_pending(redis, prefix, group, 2), 20, "every order acked"
+            )
     seen = await invoices_by_order(redis, invoices, INVOICE_SHARDS)
     assert set(seen) == {f"o{n}" for n in range(ORDERS)}  # none lost
     duplicates = sum(seen.values()) - ORDERS
     print(f"invoices: {sum(seen.values())}, duplicates after the crash: {duplicates}")
     assert await invoice_count() == ORDERS + duplicates
+
+
+async def orders_and_invoices(admin: Admin, prefix: str, group: str) -> str:
+    """The orders' group (2 shards) and the invoice stream's ("mailing"); its prefix."""
+    invoices = f"{prefix}-invoices"
+    await admin.create_group(prefix, group, 2)
+    await admin.create_group(invoices, "mailing", INVOICE_SHARDS)
+    return invoices
+
+
+async def publish_orders(
+    coordinator: CoordinatorProcess, redis: Any, prefix: str, group: str
+) -> None:
+    """``ORDERS`` orders of 37 customers (the keys), through a ``Publisher``."""
+    user, password = coordinator.admin_auth
+    async with CoordinatorClient(coordinator.url, username=user, password=password) as client:
+        orders = Publisher(prefix, group, coordinator=client, redis=redis)
+        await orders.publish_many(
+            (f"c{n % 37}", Order(order_id=f"o{n}", customer_id=f"c{n % 37}", amount=n))
+            for n in range(ORDERS)
+        )
 
 
 async def invoices_by_order(redis: Any, invoices: str, shards: int) -> dict[str, int]:
@@ -111,20 +109,12 @@ async def test_a_sigkilled_process_loses_no_invoice(
     app_process: AppFactory,
 ) -> None:
     prefix, group = names
-    invoices = f"{prefix}-invoices"
-    await admin.create_group(prefix, group, 2)
-    await admin.create_group(invoices, "mailing", INVOICE_SHARDS)
+    invoices = await orders_and_invoices(admin, prefix, group)
     options = {"module": "invoicing", "invoices": invoices, "sleep_ms": 2}
     victim = app_process("victim", prefix, group, **options)
     survivor = app_process("survivor", prefix, group, **options)
 
-    user, password = coordinator.admin_auth
-    async with CoordinatorClient(coordinator.url, username=user, password=password) as client:
-        orders = Publisher(prefix, group, coordinator=client, redis=redis)
-        await orders.publish_many(
-            (f"c{n % 37}", Order(order_id=f"o{n}", customer_id=f"c{n % 37}", amount=n))
-            for n in range(ORDERS)
-        )
+    await publish_orders(coordinator, redis, prefix, group)
 
     async def invoiced_at_least(count: int) -> bool:
         return len(await invoices_by_order(redis, invoices, INVOICE_SHARDS)) >= count

@@ -22,6 +22,7 @@ import httpx
 import pytest
 import redis.asyncio
 import redis.exceptions
+from helpers import join_body
 
 from streamkit import Message, Publisher, StreamKit
 from streamkit.testing import RedisCluster, RedisServer, RedisTarget
@@ -82,10 +83,8 @@ async def test_a_full_redis_refuses_publishes_clearly_and_consumers_drain(
             ) as http:
                 answer = await http.post(
                     f"/coord/v1/streams/{PREFIX}/groups/{GROUP}/members/newcomer/heartbeat",
-                    json={"protocolVersion": 1, "requestId": "r", "memberId": "newcomer",
-                          "memberEpoch": 0, "metadataVersion": 0,
-                          "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1}},
-                )  # fmt: skip
+                    json=join_body("newcomer"),
+                )
             assert answer.status_code == 503, answer.text
             assert answer.json()["errorCode"] == "REDIS_OUT_OF_MEMORY"
             assert answer.headers["retry-after"] == "1"
@@ -133,14 +132,7 @@ async def test_a_coordinator_on_a_full_cluster_answers_with_the_code(
     await admin.create_group(PREFIX, GROUP, 2)
     primaries = redis_cluster.current_primaries()
     path = f"/coord/v1/streams/{PREFIX}/groups/{GROUP}/members/m1/heartbeat"
-    join = {
-        "protocolVersion": 1,
-        "requestId": "r",
-        "memberId": "m1",
-        "memberEpoch": 0,
-        "metadataVersion": 0,
-        "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1},
-    }
+    join = join_body("m1")
     async with httpx.AsyncClient(
         base_url=coordinator.url, auth=coordinator.member_auth, timeout=10
     ) as http:

@@ -12,13 +12,12 @@ once Redis answers again.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import uuid
 from typing import Any
 
 import pytest
+from tcp_forwarder import TcpForwarder
 
 from streamkit import Message, StreamKit
 from streamkit.protocol import MemberState
@@ -32,15 +31,13 @@ SHARDS = 4
 RELEASE_AFTER_S = 0.5
 
 
-class CuttableForwarder:
+class CuttableForwarder(TcpForwarder):
     """Forwards TCP to a Redis port until ``cut()`` closes the listener and
     every connection; ``restore()`` listens on the same port again."""
 
     def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
+        super().__init__(upstream_port)
         self.port = 0
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
         self._open = False
 
     @property
@@ -49,44 +46,15 @@ class CuttableForwarder:
 
     async def restore(self) -> None:
         self._open = True
-        self._server = await asyncio.start_server(self._serve, HOST, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        self.port = await self.listen(self.port)
 
     async def cut(self) -> None:
         self._open = False
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
-        for writer in list(self._writers):
-            writer.close()
+        await self.stop_listening(wait=True)
+        self.drop_connections()
 
-    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        upstream_r, upstream_w = await asyncio.open_connection(HOST, self.upstream_port)
-        if not self._open:  # accepted just before the cut: it must not get through
-            client_w.close()
-            upstream_w.close()
-            return
-        self._writers.update((client_w, upstream_w))
-
-        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError, ConnectionError):
-                while data := await reader.read(65536):
-                    writer.write(data)
-                    await writer.drain()
-
-        tasks = [
-            asyncio.create_task(pipe(client_r, upstream_w)),
-            asyncio.create_task(pipe(upstream_r, client_w)),
-        ]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            for writer in (client_w, upstream_w):
-                writer.close()
-                self._writers.discard(writer)
+    def admits(self) -> bool:
+        return self._open  # accepted just before the cut: it must not get through
 
 
 def _app(coordinator: Any, target: RedisTarget, base: str, prefix: str, group: str) -> Any:

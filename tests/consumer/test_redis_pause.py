@@ -16,7 +16,7 @@ from streamkit import Message, StreamKit
 from streamkit.consumer.runtime import AssignmentLeaseError
 from streamkit.testing import RedisServer, RedisTarget
 
-from .support import Admin, MemoryRecorder, eventually, in_process_settings, serving
+from .support import Admin, InProcessApp, MemoryRecorder, eventually, in_process_settings, serving
 
 HEARTBEAT_MS = 200
 LOCAL_LEASE_MS = 2 * HEARTBEAT_MS
@@ -78,13 +78,12 @@ async def test_no_read_outlives_the_lease_when_redis_stops_answering(
 
 @pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)  # a settings check
 async def test_a_local_lease_longer_than_the_coordinators_is_refused(
-    coordinator: Any, any_redis: RedisTarget, names: tuple[str, str]
+    admin: Admin, names: tuple[str, str], make_app: InProcessApp
 ) -> None:
     prefix, group = names
-    await Admin(coordinator).create_group(prefix, group, 1)
-    settings = in_process_settings(coordinator, any_redis, "long-lease")
+    await admin.create_group(prefix, group, 1)
     # The launcher's member lease TTL is 1.5 s.
-    app = StreamKit(assignment_lease_ms=5_000, **settings)
+    app = make_app("long-lease", assignment_lease_ms=5_000)
 
     @app.stream_listener(stream_prefix=prefix, group=group)
     async def handle(msg: Message) -> None:

@@ -14,11 +14,10 @@ import anyio
 import pytest
 from redis.asyncio import RedisCluster
 
-from streamkit import Message, StreamKit
+from streamkit import Message
 from streamkit.testing import RedisTarget
-from streamkit.testing.coordinator import CoordinatorProcess
 
-from .support import Admin, InProcessApp, all_acked, eventually, in_process_settings, serving
+from .support import Admin, InProcessApp, all_acked, eventually, serving
 
 SHARDS = 4
 
@@ -57,18 +56,18 @@ async def _calls(redis: Any, cluster: bool) -> dict[str, int]:
 
 
 async def test_one_read_per_entry_at_low_load(
-    coordinator: CoordinatorProcess,
     any_redis: RedisTarget,
     admin: Admin,
     redis: Any,
     names: tuple[str, str],
+    make_app: InProcessApp,
 ) -> None:
     target = any_redis
     prefix, group = names
     await admin.create_group(prefix, group, SHARDS)
     handled: list[str] = []
     observer = EmptyReads()
-    app = StreamKit(read_observer=observer, **in_process_settings(coordinator, target, "trips"))
+    app = make_app("trips", read_observer=observer)
 
     @app.stream_listener(stream_prefix=prefix, group=group)
     async def handle(msg: Message) -> None:

@@ -14,12 +14,12 @@ from typing import Any
 import anyio
 import pytest
 
-from streamkit import Message, StreamKit
+from streamkit import Message
 from streamkit.status import DEPARTED_RETENTION_S
 from streamkit.testing import RedisTarget
 from streamkit_server.core import CoordinatorConfig
 
-from .support import REPO, Admin, app_env, eventually
+from .support import REPO, Admin, InProcessApp, app_env, eventually, serving
 
 standalone = pytest.mark.parametrize("any_redis", ["standalone"], indirect=True)
 
@@ -37,18 +37,15 @@ def _env(coordinator: Any, target: RedisTarget, prefix: str, group: str) -> dict
 
 @standalone
 async def test_members_that_left_show_until_forgotten(
-    coordinator: Any, any_redis: RedisTarget, admin: Admin, names: tuple[str, str]
+    coordinator: Any,
+    any_redis: RedisTarget,
+    admin: Admin,
+    names: tuple[str, str],
+    make_app: InProcessApp,
 ) -> None:
     prefix, group = names
     await admin.create_group(prefix, group, 2)
-    user, password = coordinator.admin_auth
-    app = StreamKit(
-        coordinator_url=coordinator.url,
-        coordinator_username=user,
-        coordinator_password=password,
-        redis_url=any_redis.url,
-        member_id_base="st",
-    )
+    app = make_app("st")
 
     @app.stream_listener(stream_prefix=prefix, group=group, concurrency=2)
     async def handle(msg: Message) -> None:
@@ -57,10 +54,8 @@ async def test_members_that_left_show_until_forgotten(
     async def both_own_shards() -> bool:
         return len(await admin.owners(prefix, group)) == 2
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(app.serve)
+    async with serving(app):  # at the end both members drain and leave
         await eventually(both_own_shards, within=30, what="two members owning shards")
-        app.shutdown()  # both members drain and leave
     env = _env(coordinator, any_redis, prefix, group)
     result = await anyio.to_thread.run_sync(
         lambda: subprocess.run(

@@ -109,20 +109,12 @@ async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context
         middlewares=[tracing.TracingMiddleware(tracer=provider.get_tracer("t"))],
     )  # fmt: skip
 
-    class Sink:
-        stream_key = "s:0"
-        consumer_group = "g"
-        member_id = "m"
-
-        def settle(self, raw_id: bytes, how: object) -> None:
-            pass
-
     raw = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-00"
     invoker.begin_read()
     token = otel_context.attach(baggage.set_baggage("tenant", "t1"))
     try:
         before = otel_context.get_current()
-        result = await invoker.invoke(Message(Sink(), 0, b"1-1", {b"traceparent": raw}))
+        result = await invoker.invoke(Message(_Sink(), 0, b"1-1", {b"traceparent": raw}))
         assert otel_context.get_current() is before and result.decision is None
     finally:
         otel_context.detach(token)
@@ -133,11 +125,11 @@ async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context
     # outside the baggage context (the reuse also keys on the context around).
     other = b"00-" + b"c" * 32 + b"-" + b"d" * 16 + b"-00"
     for value, tenant in ((raw, None), (other, None)):
-        await invoker.invoke(Message(Sink(), 0, b"1-3", {b"traceparent": value}))
+        await invoker.invoke(Message(_Sink(), 0, b"1-3", {b"traceparent": value}))
         assert seen["context"] == _remote_span_context(value) and seen["tenant"] == tenant
     assert exporter.get_finished_spans() == ()
     # A sampled producer still gets its consumer span, through the full path.
-    sampled = Message(Sink(), 0, b"1-2", {b"traceparent": raw[:-2] + b"01"})
+    sampled = Message(_Sink(), 0, b"1-2", {b"traceparent": raw[:-2] + b"01"})
     await invoker.invoke(sampled)
     (span,) = exporter.get_finished_spans()
     assert span.parent is not None and span.parent.span_id == int("b" * 16, 16)

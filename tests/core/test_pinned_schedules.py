@@ -70,18 +70,13 @@ def test_a_late_previous_epoch_report_releases_nothing() -> None:
     must be answered with the current view, not reconciled as if current
     (which would release the shards m0 now reads).
     """
-    machine = ProtocolSimulation()
-    machine.setup()
-    c0 = machine.processes[0]
-    for sim in machine.members.values():
-        sim.machine = None
+    cast = Scripted()  # no member running yet
+    machine = cast.sim
     m0, m1 = MemberStateMachine("m0", lease_ms=500), MemberStateMachine("m1", lease_ms=500)
     machine.members["m0"].machine, machine.members["m1"].machine = m0, m1
 
     def beat(member: MemberStateMachine) -> None:
-        request = member.next_request(machine.now, in_flight={s: 1 for s in member.draining})
-        machine._answer(member, answered(c0.heartbeat(request, machine.now)))
-        machine.no_shard_held_twice()
+        cast.beat(member, finish_drains=False)
 
     for _ in range(4):  # both join and settle on two shards each
         beat(m0)
@@ -112,18 +107,13 @@ def test_a_restore_from_before_a_handoff_starts_nothing_new() -> None:
     reads the two it was given.  m0's answer during the correction round is
     SYNC_METADATA: it may keep what it reads and must start nothing else.
     """
-    machine = ProtocolSimulation()
-    machine.setup()
-    c0 = machine.processes[0]
-    for sim in machine.members.values():
-        sim.machine = None
+    cast = Scripted()  # no member running yet
+    machine = cast.sim
     m0, m1 = MemberStateMachine("m0", lease_ms=500), MemberStateMachine("m1", lease_ms=500)
     machine.members["m0"].machine = m0
 
     def beat(member: MemberStateMachine) -> None:
-        request = member.next_request(machine.now, in_flight={s: 1 for s in member.draining})
-        machine._answer(member, answered(c0.heartbeat(request, machine.now)))
-        machine.no_shard_held_twice()
+        cast.beat(member, finish_drains=False)
 
     beat(m0)
     beat(m0)
@@ -157,11 +147,13 @@ class Scripted:
         #: Members whose handlers hang: what they drain stays in flight.
         self.hung: set[str] = set()
 
-    def start(self, member_id: str) -> MemberStateMachine:
-        # A start of its own: a new incarnation every time.
+    def start(self, member_id: str, *, beats: int = 0) -> MemberStateMachine:
+        """A start of its own (a new incarnation every time), then ``beats`` heartbeats."""
         incarnation = f"{member_id}@{len(self.sim.redis.history)}"
         machine = MemberStateMachine(member_id, lease_ms=500, incarnation=incarnation)
         self.sim.members[member_id].machine = machine
+        for _ in range(beats):
+            self.beat(machine)
         return machine
 
     def stop(self, *member_ids: str) -> None:
@@ -206,11 +198,8 @@ def test_a_report_from_a_lost_history_releases_no_shard_still_drained() -> None:
     be granted {2,3} while m3 drains them.
     """
     cast = Scripted()
-    m3 = cast.start("m3")
-    cast.beat(m3)
-    cast.beat(m3)
-    m1 = cast.start("m1")
-    cast.beat(m1)
+    m3 = cast.start("m3", beats=2)
+    m1 = cast.start("m1", beats=1)
     cast.sim.now += 20
     cast.beat(m3)  # told to give up 2 and 3
     cast.beat(m3)  # reports them revoked
@@ -233,8 +222,7 @@ def test_a_report_from_a_lost_history_releases_no_shard_still_drained() -> None:
         cast.c0.tick(cast.sim.now)
         cast.beat(m3)
     assert m3.reading == {0, 1, 2, 3}
-    m1 = cast.start("m1")
-    cast.beat(m1)
+    m1 = cast.start("m1", beats=1)
     cast.beat(m3, finish_drains=False)  # told to give 2 and 3 back: drains them
     assert m3.draining == {2, 3}
     held = cast.stored.members["m3"]
@@ -254,13 +242,10 @@ def test_a_refused_late_join_is_checked_against_what_redis_holds() -> None:
     (that state has m3's shards free, and the unchanged Redis then looks as
     if the join had granted them to m3)."""
     cast = Scripted()
-    m3 = cast.start("m3")
-    cast.beat(m3)
-    cast.beat(m3)
+    cast.start("m3", beats=2)
     other_start = MemberStateMachine("m1", lease_ms=500, incarnation="m1-other")
     late_join = other_start.next_request(0)
-    m1 = cast.start("m1")
-    cast.beat(m1)
+    m1 = cast.start("m1", beats=1)
     cast.stop("m3")
     cast.sim.now = 400
     cast.beat(m1)
@@ -277,11 +262,8 @@ def test_a_round_waits_for_the_drain_of_a_grant_redis_forgot() -> None:
     drain ends (or m1 is fenced and its lease has run out): closing it earlier
     grants shard 3 to m2 under m1's entries in flight."""
     cast = Scripted()
-    m0 = cast.start("m0")
-    cast.beat(m0)
-    cast.beat(m0)
-    m1 = cast.start("m1")
-    cast.beat(m1)
+    m0 = cast.start("m0", beats=2)
+    m1 = cast.start("m1", beats=1)
     cast.sim.now += 50
     cast.beat(m0)  # drains 2 and 3
     cast.beat(m0)  # reports them revoked
@@ -309,8 +291,7 @@ def test_a_full_record_cap_never_drops_a_fenced_member_that_still_reads() -> Non
     granted what m0 still drains.
     """
     cast = Scripted()
-    m0 = cast.start("m0")
-    cast.beat(m0)
+    m0 = cast.start("m0", beats=1)
     assert m0.reading == {0, 1, 2, 3}
     cast.hung.add("m0")
     m1 = cast.start("m1")

@@ -37,6 +37,15 @@ def with_members(shards: int, members: list[str]) -> Harness:
     return h
 
 
+def migrated(shards: int, members: list[str], to: int, *, ordered: bool = False) -> Harness:
+    """``with_members(shards, members)``, then migration "r1" to ``to`` shards
+    started and its provisioning completed."""
+    h = with_members(shards, members)
+    h.start(to, "r1", ordered=ordered)
+    h.complete("r1")
+    return h
+
+
 def state(h: Harness) -> MigrationState:
     return h.group.migrations[-1].state
 
@@ -53,6 +62,17 @@ def settle(h: Harness, members: list[str]) -> None:
             m,
             request(m, mm.member_epoch, owned=keep, revoked=gone, version=h.group.metadata_version),
         )
+
+
+def scaled_in_to_2(drained: dict[int, bool]) -> Harness:
+    """4 shards with member "a" scaled in to 2 ("r1"), the routing lease over,
+    the removed shards probed (``drained``) and released: ready to retire."""
+    h = migrated(4, ["a"], 2)
+    h.advance(LEASE)
+    h.tick()
+    h.probed("r1", drained)
+    settle(h, ["a"])
+    return h
 
 
 def test_scale_out_provisions_switches_routing_and_deprecates_after_producer_lease() -> None:
@@ -75,9 +95,7 @@ def test_scale_out_provisions_switches_routing_and_deprecates_after_producer_lea
 
 
 def test_scale_in_retires_removed_shards_only_after_drain_proof_and_release() -> None:
-    h = with_members(8, ["a", "b", "c"])
-    h.start(3, "r1")
-    h.complete("r1")
+    h = migrated(8, ["a", "b", "c"], 3)
     assert h.group.shard_count == 3 and h.group.draining_shards == [3, 4, 5, 6, 7]
     # Removed shards stay assigned so their backlog is consumed.
     settle(h, ["a", "b", "c"])
@@ -106,22 +124,14 @@ def test_scale_in_retires_removed_shards_only_after_drain_proof_and_release() ->
 
 
 def test_failed_retirement_makes_the_shard_assignable_again() -> None:
-    h = with_members(4, ["a"])
-    h.start(2, "r1")
-    h.complete("r1")
-    h.advance(LEASE)
-    h.tick()
-    h.probed("r1", {2: True, 3: True})
-    settle(h, ["a"])
+    h = scaled_in_to_2({2: True, 3: True})
     h.retired("r1", {2: True, 3: False})
     assert h.group.draining_shards == [3] and 3 in h.group.target
     assert state(h) is MigrationState.DRAINING
 
 
 def test_scale_in_with_every_member_expired_needs_only_the_redis_drain_proof() -> None:
-    h = with_members(4, ["a", "b"])
-    h.start(2, "r1")
-    h.complete("r1")
+    h = migrated(4, ["a", "b"], 2)
     h.advance(max(LEASE, CONFIG.member_lease_ttl_ms + 1))
     h.tick()
     assert h.group.owners == {} and state(h) is MigrationState.DRAINING
@@ -133,9 +143,7 @@ def test_scale_in_with_every_member_expired_needs_only_the_redis_drain_proof() -
 
 
 def test_scale_to_zero_routes_nothing_and_drains_everything() -> None:
-    h = with_members(3, ["a"])
-    h.start(0, "r1")
-    h.complete("r1")
+    h = migrated(3, ["a"], 0)
     assert h.group.shard_count == 0 and h.group.draining_shards == [0, 1, 2]
     assert set(h.group.target) == {0, 1, 2}  # still read until drained
 
@@ -162,9 +170,7 @@ def test_failed_provisioning_routes_nothing() -> None:
 
 
 def test_rollback_while_allowed_drains_the_added_shards() -> None:
-    h = with_members(4, ["a"])
-    h.start(6, "r1")
-    h.complete("r1")
+    h = migrated(4, ["a"], 6)
     h.rollback("r1")
     assert state(h) is MigrationState.ROLLING_BACK
     assert h.group.shard_count == 4 and h.group.draining_shards == [4, 5]
@@ -177,22 +183,14 @@ def test_rollback_while_allowed_drains_the_added_shards() -> None:
 
 
 def test_rollback_of_scale_in_reinstates_removed_shards() -> None:
-    h = with_members(4, ["a"])
-    h.start(2, "r1")
-    h.complete("r1")
+    h = migrated(4, ["a"], 2)
     h.rollback("r1")
     assert h.group.shard_count == 4 and h.group.draining_shards == []
     assert state(h) is MigrationState.ROLLED_BACK
 
 
 def test_rollback_refused_once_a_shard_is_retired() -> None:
-    h = with_members(4, ["a"])
-    h.start(2, "r1")
-    h.complete("r1")
-    h.advance(LEASE)
-    h.tick()
-    h.probed("r1", {2: True})
-    settle(h, ["a"])
+    h = scaled_in_to_2({2: True})
     h.retired("r1", {2: True})
     with pytest.raises(ReshardingRejected) as refused:
         rollback_resharding(h.group, "r1", h.now, CONFIG)
@@ -226,13 +224,7 @@ def test_ordered_reshard_reads_children_only_after_every_parent_is_retired() -> 
 
 
 def test_plain_reshard_reuses_free_shard_numbers_to_keep_the_identity_layout() -> None:
-    h = with_members(4, ["a"])
-    h.start(2, "r1")
-    h.complete("r1")
-    h.advance(LEASE)
-    h.tick()
-    h.probed("r1", {2: True, 3: True})
-    settle(h, ["a"])
+    h = scaled_in_to_2({2: True, 3: True})
     h.retired("r1", {2: True, 3: True})
     h.start(5, "r2")
     assert h.group.migrations[-1].added_shards == [2, 3, 4]
@@ -241,9 +233,7 @@ def test_plain_reshard_reuses_free_shard_numbers_to_keep_the_identity_layout() -
 
 
 def test_rollback_of_an_ordered_reshard_restores_the_parents() -> None:
-    h = with_members(2, ["a"])
-    h.start(3, "r1", ordered=True)
-    h.complete("r1")
+    h = migrated(2, ["a"], 3, ordered=True)
     assert h.group.layout == [2, 3, 4]
     h.rollback("r1")
     assert h.group.layout == [0, 1] and h.group.held_shards == []

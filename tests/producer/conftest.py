@@ -94,6 +94,13 @@ class Stack:
         self._publishers.append(pub)
         return pub
 
+    async def started_publisher(self, shards: int, **kwargs: Any) -> Publisher:
+        """``create_group(shards)``, then a started ``publisher(**kwargs)``."""
+        await self.create_group(shards)
+        pub = self.publisher(**kwargs)
+        await pub.start()
+        return pub
+
     def key(self, shard: int) -> str:
         return f"{self.prefix}:{shard}"
 

@@ -34,9 +34,7 @@ def frozen(stack: Stack) -> Iterator[None]:
 
 async def test_failed_refresh_inside_the_lease_keeps_the_cache(private_stack: Stack) -> None:
     s = private_stack
-    await s.create_group(4)
-    pub = s.publisher()
-    await pub.start()
+    pub = await s.started_publisher(4)
     cache = pub.routing_cache
     assert pub.refresher.started == 1
     s.coordinator.stop()
@@ -59,9 +57,7 @@ async def test_failed_refresh_inside_the_lease_keeps_the_cache(private_stack: St
 
 async def test_fails_closed_once_the_lease_expired_and_recovers(private_stack: Stack) -> None:
     s = private_stack
-    await s.create_group(4)
-    pub = s.publisher()
-    await pub.start()
+    pub = await s.started_publisher(4)
     s.coordinator.stop()
 
     s.clock.advance(30)
@@ -85,9 +81,7 @@ async def test_fails_closed_once_the_lease_expired_and_recovers(private_stack: S
 
 async def test_only_a_newer_version_replaces_the_table(private_stack: Stack) -> None:
     s = private_stack
-    await s.create_group(4)
-    pub = s.publisher()
-    await pub.start()
+    pub = await s.started_publisher(4)
     old = await s.metadata_snapshot()  # version 1
 
     assert await s.rewrite_routing() == 2
@@ -115,9 +109,7 @@ async def test_only_a_newer_version_replaces_the_table(private_stack: Stack) -> 
 
 async def test_periodic_refresh_picks_up_a_reshard(private_stack: Stack) -> None:
     s = private_stack
-    await s.create_group(4)
-    pub = s.publisher()
-    await pub.start()
+    pub = await s.started_publisher(4)
     await s.rewrite_routing(shard_count=8)
     keys = [f"user-{i}" for i in range(50)]
     moved = next(k for k in keys if shard_for_key(k, 4) != shard_for_key(k, 8))
@@ -136,9 +128,7 @@ async def test_periodic_refresh_picks_up_a_reshard(private_stack: Stack) -> None
 
 async def test_a_newer_version_seen_elsewhere_refreshes_at_once(private_stack: Stack) -> None:
     s = private_stack
-    await s.create_group(4)
-    pub = s.publisher()
-    await pub.start()
+    pub = await s.started_publisher(4)
     pub.note_metadata_version(1)  # not newer: nothing to do
     await pub.publish("k", {"a": 1})
     assert pub.refresher.started == 1
@@ -152,9 +142,7 @@ async def test_a_newer_version_seen_elsewhere_refreshes_at_once(private_stack: S
 
 async def test_zero_shards_fail_closed(private_stack: Stack) -> None:
     s = private_stack
-    await s.create_group(2)
-    pub = s.publisher()
-    await pub.start()
+    pub = await s.started_publisher(2)
     await s.rewrite_routing(shard_count=0)
     s.clock.advance(6)
     await pub.publish("k", {"a": 1})  # old routing, refresh scheduled
@@ -169,9 +157,7 @@ async def test_zero_shards_fail_closed(private_stack: Stack) -> None:
 
 async def test_scheduled_refresh_never_blocks_a_publish(private_stack: Stack) -> None:
     s = private_stack
-    await s.create_group(4)
-    pub = s.publisher(settings=s.settings(coordinator_timeout=3.0))
-    await pub.start()
+    pub = await s.started_publisher(4, settings=s.settings(coordinator_timeout=3.0))
     with frozen(s):
         s.clock.advance(6)
         started = time.monotonic()
@@ -187,9 +173,7 @@ async def test_near_the_lease_end_publishes_wait_for_one_shared_refresh(
     private_stack: Stack,
 ) -> None:
     s = private_stack
-    await s.create_group(4)
-    pub = s.publisher(settings=s.settings(coordinator_timeout=0.5))
-    await pub.start()
+    pub = await s.started_publisher(4, settings=s.settings(coordinator_timeout=0.5))
     with frozen(s):
         s.clock.advance(26)
         started = time.monotonic()
@@ -203,9 +187,7 @@ async def test_near_the_lease_end_publishes_wait_for_one_shared_refresh(
 
 async def test_aclose_cancels_the_refresh_in_flight(private_stack: Stack) -> None:
     s = private_stack
-    await s.create_group(4)
-    pub = s.publisher(settings=s.settings(coordinator_timeout=10.0))
-    await pub.start()
+    pub = await s.started_publisher(4, settings=s.settings(coordinator_timeout=10.0))
     with frozen(s):
         s.clock.advance(6)
         await pub.publish("k", {"a": 1})

@@ -19,9 +19,7 @@ from .conftest import Stack, gather
 
 
 async def test_concurrent_publishes_get_their_own_results_and_errors(stack: Stack) -> None:
-    await stack.create_group(6)
-    pub = stack.publisher()
-    await pub.start()
+    pub = await stack.started_publisher(6)
     await stack.redis.delete(stack.key(1))  # retired behind the coordinator's back
     await stack.redis.delete(stack.key(2))
     await stack.redis.set(stack.key(2), "not a stream")  # every XADD to it fails
@@ -47,9 +45,7 @@ async def test_concurrent_publishes_get_their_own_results_and_errors(stack: Stac
 
 
 async def test_calls_from_one_task_keep_their_order(stack: Stack) -> None:
-    await stack.create_group(2)
-    pub = stack.publisher()
-    await pub.start()
+    pub = await stack.started_publisher(2)
 
     async def writer(name: str) -> None:
         for seq in range(25):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -98,15 +99,25 @@ class ReplyDroppingProxy:
 
 
 @contextlib.asynccontextmanager
-async def proxied(s: Stack) -> AsyncIterator[tuple[ReplyDroppingProxy, redis.asyncio.Redis]]:
-    """A proxy in front of the stack's Redis and a client through it."""
+async def dropping(
+    s: Stack, *, max_batch: int | None = None, **options: Any
+) -> AsyncIterator[tuple[ReplyDroppingProxy, Publisher]]:
+    """A started publisher (``s.publisher(**options)``, uncoalesced, quick
+    retries) talking to the stack's Redis through a proxy that drops replies."""
     port = int(s.target.url.rsplit(":", 1)[1].split("/")[0])
     proxy = ReplyDroppingProxy(port)
     async with anyio.create_task_group() as tg:
         proxy_port = await tg.start(proxy.serve)
         client = _client(proxy_port)
         try:
-            yield proxy, client
+            pub = s.publisher(redis=client, coalesce=False, **options)
+            if max_batch is not None:
+                pub.max_batch = max_batch
+            pub.retry_backoff = 0.001
+            pub.max_attempts = 10
+            await pub.start()
+            proxy.dropping = True
+            yield proxy, pub
         finally:
             await client.aclose()
             tg.cancel_scope.cancel()
@@ -137,12 +148,7 @@ async def test_lost_replies_never_duplicate_keyed_publishes(
 ) -> None:
     s = stack
     await s.create_group(4)
-    async with proxied(s) as (proxy, client):
-        pub = s.publisher(redis=client, coalesce=False)
-        pub.retry_backoff = 0.001
-        pub.max_attempts = 10
-        await pub.start()
-        proxy.dropping = True
+    async with dropping(s) as (proxy, pub):
         await _publish_all(pub, 1000, keyed=True)
     entries = await _entries(s, 4)
     ids = [fields[IDEMPOTENCY_FIELD.encode()] for fields in entries]
@@ -157,13 +163,7 @@ async def test_lost_replies_never_duplicate_drawn_ids(
 ) -> None:
     s = stack
     await s.create_group(2)
-    async with proxied(s) as (proxy, client):
-        pub = s.publisher(redis=client, idempotent=True, coalesce=False)
-        pub.max_batch = 10
-        pub.retry_backoff = 0.001
-        pub.max_attempts = 10
-        await pub.start()
-        proxy.dropping = True
+    async with dropping(s, idempotent=True, max_batch=10) as (proxy, pub):
         await _publish_all(pub, 300, keyed=False)
         results = await pub.publish_many([(f"b{i}", {"n": i}) for i in range(200)])
     assert proxy.dropped > 10
@@ -178,12 +178,7 @@ async def test_plain_publishes_do_duplicate_through_the_same_proxy(
     # The control: without idempotency the lost replies make copies.
     s = stack
     await s.create_group(2)
-    async with proxied(s) as (proxy, client):
-        pub = s.publisher(redis=client, coalesce=False)
-        pub.retry_backoff = 0.001
-        pub.max_attempts = 10
-        await pub.start()
-        proxy.dropping = True
+    async with dropping(s) as (_proxy, pub):
         await _publish_all(pub, 100, keyed=False)
     assert len(await _entries(s, 2)) > 100
 
@@ -230,9 +225,7 @@ async def test_no_idmp_on_this_server_falls_back_to_the_script(stack: Stack) -> 
     info = await stack.redis.info("server")
     major, minor = (int(x) for x in str(info["redis_version"]).split(".")[:2])
     assert await supports_idmp(stack.redis) is ((major, minor) >= (8, 6))
-    await stack.create_group(1)
-    pub = stack.publisher(idempotent=True)
-    await pub.start()
+    pub = await stack.started_publisher(1, idempotent=True)
     assert pub.idempotence is not None and pub.idempotence.native is False
 
 

@@ -78,9 +78,7 @@ async def test_publish_many_sends_large_inputs_in_batches(stack: Stack) -> None:
 
 
 async def test_publish_many_reports_partial_failure(stack: Stack) -> None:
-    await stack.create_group(4)
-    pub = stack.publisher()
-    await pub.start()
+    pub = await stack.started_publisher(4)
     await stack.redis.delete(stack.key(2))  # a shard retired behind the coordinator's back
     keys = [f"user-{i}" for i in range(40)]
     with pytest.raises(PublishBatchError) as caught:

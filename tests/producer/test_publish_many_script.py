@@ -43,11 +43,8 @@ steps_strategy = st.lists(
 def test_batched_check_and_append_appends_each_id_once(
     redis_server: RedisServer, steps: list[Any]
 ) -> None:
-    r = redis.Redis.from_url(redis_server.url)
-    try:
+    with redis.Redis.from_url(redis_server.url) as r:
         run(r, steps)
-    finally:
-        r.close()
 
 
 def run(r: redis.Redis, steps: list[Any]) -> None:
@@ -124,9 +121,7 @@ async def test_concurrent_idempotent_publishes_merge_into_batched_scripts(stack:
     # 10 ids, each published 4 times by concurrent callers, mixed with plain
     # publishes: the coalescer's pipeline merges the one-entry scripts per
     # shard; each id is appended once and every caller gets its entry.
-    await stack.create_group(4)
-    pub = stack.publisher()
-    await pub.start()
+    pub = await stack.started_publisher(4)
     results: dict[str, list[Any]] = {}
 
     async def one(n: int) -> None:

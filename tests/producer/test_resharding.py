@@ -40,9 +40,7 @@ def routed_key(routing: dict[str, Any], partition_key: str) -> str:
 
 
 async def test_scale_out_is_picked_up_by_the_periodic_refresh(stack: Stack) -> None:
-    await stack.create_group(4)
-    pub = stack.publisher()
-    await pub.start()
+    pub = await stack.started_publisher(4)
     routing = await scale(stack, 8)
     keys = [f"user-{i}" for i in range(100)]
 
@@ -59,9 +57,7 @@ async def test_scale_out_is_picked_up_by_the_periodic_refresh(stack: Stack) -> N
 
 
 async def test_retired_shards_after_scale_in_reroute_at_once(stack: Stack) -> None:
-    await stack.create_group(8)
-    pub = stack.publisher()
-    await pub.start()
+    pub = await stack.started_publisher(8)
     routing = await scale(stack, 4)
     live = {s["streamKey"] for s in routing["shards"]}
     removed = [stack.key(i) for i in range(8) if stack.key(i) not in live]

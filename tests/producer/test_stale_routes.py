@@ -12,9 +12,7 @@ from .conftest import Stack, gather
 
 
 async def test_retired_shard_is_not_recreated(stack: Stack) -> None:
-    await stack.create_group(4)
-    pub = stack.publisher()
-    await pub.start()
+    pub = await stack.started_publisher(4)
     key = "order-123"  # SPEC vector: shard 1 of 3, here shard_for_key(key, 4)
     shard = shard_for_key(key, 4)
     await stack.redis.delete(stack.key(shard))
@@ -40,9 +38,7 @@ async def test_retired_shard_is_not_recreated(stack: Stack) -> None:
 
 
 async def test_stale_route_refreshes_at_once_and_reroutes(stack: Stack) -> None:
-    await stack.create_group(8)
-    pub = stack.publisher()
-    await pub.start()
+    pub = await stack.started_publisher(8)
     # Scale-in 8 -> 4, committed by the coordinator; shards 4..7 drained and
     # retired. This producer still has the 8-shard routing.
     assert await stack.rewrite_routing(shard_count=4) == 2
@@ -60,9 +56,7 @@ async def test_stale_route_refreshes_at_once_and_reroutes(stack: Stack) -> None:
 
 
 async def test_stale_batch_is_rerouted(stack: Stack) -> None:
-    await stack.create_group(8)
-    pub = stack.publisher()
-    await pub.start()
+    pub = await stack.started_publisher(8)
     await stack.rewrite_routing(shard_count=4)
     for shard in range(4, 8):
         await stack.redis.delete(stack.key(shard))
@@ -80,9 +74,7 @@ async def test_stale_batch_is_rerouted(stack: Stack) -> None:
 
 
 async def test_concurrent_stale_publishes_share_one_refresh(stack: Stack) -> None:
-    await stack.create_group(4)
-    pub = stack.publisher()
-    await pub.start()
+    pub = await stack.started_publisher(4)
     await stack.redis.delete(stack.key(1))
     keys = [f"k{i}" for i in range(400) if shard_for_key(f"k{i}", 4) == 1][:50]
     outcomes = await gather(*[lambda k=k: pub.publish(k, {"a": 1}) for k in keys])

@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 from coordinator_fixtures import CoordinatorPool
+from server.sim import redis_of
 
-from streamkit.testing import AsyncRedisClient, RedisTarget, redis_client
+from streamkit.testing import AsyncRedisClient, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 
 from .support import COORDINATOR_ENV, Admin
@@ -17,11 +18,8 @@ from .support import COORDINATOR_ENV, Admin
 
 @pytest.fixture(scope="module")
 def reshard_pool() -> Iterator[CoordinatorPool]:
-    pool = CoordinatorPool()
-    try:
+    with CoordinatorPool() as pool:
         yield pool
-    finally:
-        pool.close()
 
 
 @pytest.fixture
@@ -43,11 +41,8 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 async def r(any_redis: RedisTarget) -> AsyncIterator[AsyncRedisClient]:
-    client = redis_client(any_redis, decode_responses=True)
-    try:
+    async with redis_of(any_redis) as client:
         yield client
-    finally:
-        await client.aclose()
 
 
 @pytest.fixture

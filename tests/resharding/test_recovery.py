@@ -55,6 +55,20 @@ async def running(*members: SimConsumer) -> AsyncIterator[anyio.Event]:
             stop.set()
 
 
+async def _one_member(
+    coordinator_factory: Factory,
+    target: RedisTarget,
+    http: httpx.AsyncClient,
+    r: AsyncRedisClient,
+    prefix: str,
+) -> tuple[CoordinatorProcess, Admin, SimConsumer]:
+    """A coordinator of this test's own (to kill), group g on 4 shards, member m."""
+    coordinator = coordinator_factory(target, port=free_port(), env=ENV)
+    admin = Admin(http, coordinator)
+    await admin.create_group(prefix, "g", 4)
+    return coordinator, admin, SimConsumer(http, coordinator, r, prefix, "g", "m")
+
+
 async def test_killed_while_active(
     any_redis: RedisTarget,
     coordinator_factory: Factory,
@@ -62,10 +76,7 @@ async def test_killed_while_active(
     r: AsyncRedisClient,
     prefix: str,
 ) -> None:
-    coordinator = coordinator_factory(any_redis, port=free_port(), env=ENV)
-    admin = Admin(http, coordinator)
-    await admin.create_group(prefix, "g", 4)
-    member = SimConsumer(http, coordinator, r, prefix, "g", "m")
+    coordinator, admin, member = await _one_member(coordinator_factory, any_redis, http, r, prefix)
     async with running(member):
         rid = await admin.scale_ok(prefix, 8)
         assert (await admin.migration(prefix, "g", rid))["state"] == "ACTIVE"
@@ -86,10 +97,7 @@ async def test_killed_while_draining(
     r: AsyncRedisClient,
     prefix: str,
 ) -> None:
-    coordinator = coordinator_factory(any_redis, port=free_port(), env=ENV)
-    admin = Admin(http, coordinator)
-    await admin.create_group(prefix, "g", 4)
-    member = SimConsumer(http, coordinator, r, prefix, "g", "m")
+    coordinator, admin, member = await _one_member(coordinator_factory, any_redis, http, r, prefix)
     member.skip.add(3)
     backlog = {f"{prefix}:3/{await r.xadd(f'{prefix}:3', {'n': str(i)})}" for i in range(5)}
     async with running(member):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from consumer.support import ReadInterval
+from consumer.support import ReadInterval, in_process_settings
 
 from streamkit import Message, StreamKit
 from streamkit.publisher.publisher import Publisher, PublishResult
@@ -32,16 +32,7 @@ ROUTING = {"routing_refresh_interval": 0.3, "routing_lease": 1.5}
 def client_settings(
     coordinator: CoordinatorProcess, target: RedisTarget, base: str
 ) -> dict[str, Any]:
-    user, password = coordinator.admin_auth
-    return {
-        "coordinator_url": coordinator.url,
-        "coordinator_username": user,
-        "coordinator_password": password,
-        "redis_url": target.url,
-        "redis_cluster": target.cluster,
-        "member_id_base": base,
-        **ROUTING,
-    }
+    return {**in_process_settings(coordinator, target, base), **ROUTING}
 
 
 @dataclass

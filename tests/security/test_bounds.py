@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -36,19 +36,26 @@ def bounds_redis() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="module")
 def guarded(bounds_redis: RedisServer) -> Iterator[CoordinatorProcess]:
-    proc = CoordinatorProcess(
+    with CoordinatorProcess(
         bounds_redis.url,
         env={
             "STREAMKIT_SERVER_AUDIT_STREAM": AUDIT,
             "STREAMKIT_SERVER_HEADER_TIMEOUT_MS": "1000",
             "STREAMKIT_SERVER_BODY_TIMEOUT_MS": "1000",
         },
-    )
-    proc.start()
-    try:
+    ) as proc:
         yield proc
+
+
+@pytest.fixture
+async def r(bounds_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    """A client of the module's Redis, the audit stream emptied first."""
+    client = aioredis.from_url(bounds_redis.url)
+    try:
+        await client.delete(AUDIT)
+        yield client
     finally:
-        proc.cleanup()
+        await client.aclose()
 
 
 async def _records(r: aioredis.Redis, after: str = "-") -> list[dict[str, Any]]:
@@ -67,31 +74,24 @@ async def _settled(r: aioredis.Redis, count: int) -> list[dict[str, Any]]:
 
 
 async def test_a_4mb_request_id_leaves_redis_memory_alone(
-    guarded: CoordinatorProcess, bounds_redis: RedisServer
+    guarded: CoordinatorProcess, r: aioredis.Redis
 ) -> None:
-    r = aioredis.from_url(bounds_redis.url)
-    try:
-        await r.delete(AUDIT)
-        before = (await r.info("memory"))["used_memory"]
-        huge = "x" * (4 * 1024 * 1024)
-        async with httpx.AsyncClient(base_url=guarded.url, timeout=10) as http:
-            for _ in range(5):
-                try:
-                    answer = await http.get(
-                        f"{API}/monitoring/groups", headers={"X-Request-Id": huge}
-                    )
-                except httpx.TransportError:
-                    continue  # cut off while still sending: refused all the same
-                assert answer.status_code == 431
-                assert answer.json()["errorCode"] == "REQUEST_HEADER_FIELDS_TOO_LARGE"
-            # The server still answers everyone else.
-            assert (await http.get("/livez")).status_code == 204
-        grown = (await r.info("memory"))["used_memory"] - before
-        assert grown < 1024 * 1024, grown
-        for record in await _records(r):
-            assert len(json.dumps(record)) <= MAX_RECORD_BYTES
-    finally:
-        await r.aclose()
+    before = (await r.info("memory"))["used_memory"]
+    huge = "x" * (4 * 1024 * 1024)
+    async with httpx.AsyncClient(base_url=guarded.url, timeout=10) as http:
+        for _ in range(5):
+            try:
+                answer = await http.get(f"{API}/monitoring/groups", headers={"X-Request-Id": huge})
+            except httpx.TransportError:
+                continue  # cut off while still sending: refused all the same
+            assert answer.status_code == 431
+            assert answer.json()["errorCode"] == "REQUEST_HEADER_FIELDS_TOO_LARGE"
+        # The server still answers everyone else.
+        assert (await http.get("/livez")).status_code == 204
+    grown = (await r.info("memory"))["used_memory"] - before
+    assert grown < 1024 * 1024, grown
+    for record in await _records(r):
+        assert len(json.dumps(record)) <= MAX_RECORD_BYTES
 
 
 # The heartbeat too: it once entered the app below the request-id middleware.
@@ -100,56 +100,46 @@ async def test_a_4mb_request_id_leaves_redis_memory_alone(
     [("GET", "/monitoring/groups"), ("POST", "/streams/s/groups/g/members/m/heartbeat")],
 )
 async def test_request_ids_are_kept_only_in_a_safe_shape(
-    guarded: CoordinatorProcess, bounds_redis: RedisServer, method: str, path: str
+    guarded: CoordinatorProcess, r: aioredis.Redis, method: str, path: str
 ) -> None:
-    r = aioredis.from_url(bounds_redis.url)
-    try:
-        await r.delete(AUDIT)
-        ids = ["ok-1.2:3_x", "<script>", "y" * 129, "z" * 10_000, "a b", "é"]
-        async with httpx.AsyncClient(base_url=guarded.url, timeout=10) as http:
-            for rid in ids:
-                # Unauthenticated: refused (401) and so audited.
-                answer = await http.request(
-                    method,
-                    f"{API}{path}",
-                    headers={"X-Request-Id": rid.encode()},  # bytes go out as they are
-                )
-                assert answer.status_code == 401
-        records = await _settled(r, len(ids))
-        kept = [rec["requestId"] for rec in records]
-        assert kept[0] == "ok-1.2:3_x"
-        for rid in kept[1:]:
-            assert rid.startswith("gen-") and len(rid) == 20
-    finally:
-        await r.aclose()
+    ids = ["ok-1.2:3_x", "<script>", "y" * 129, "z" * 10_000, "a b", "é"]
+    async with httpx.AsyncClient(base_url=guarded.url, timeout=10) as http:
+        for rid in ids:
+            # Unauthenticated: refused (401) and so audited.
+            answer = await http.request(
+                method,
+                f"{API}{path}",
+                headers={"X-Request-Id": rid.encode()},  # bytes go out as they are
+            )
+            assert answer.status_code == 401
+    records = await _settled(r, len(ids))
+    kept = [rec["requestId"] for rec in records]
+    assert kept[0] == "ok-1.2:3_x"
+    for rid in kept[1:]:
+        assert rid.startswith("gen-") and len(rid) == 20
 
 
 async def test_every_audit_record_is_size_bounded(
-    guarded: CoordinatorProcess, bounds_redis: RedisServer
+    guarded: CoordinatorProcess, r: aioredis.Redis
 ) -> None:
-    r = aioredis.from_url(bounds_redis.url)
-    try:
-        await r.delete(AUDIT)
-        long_name = "u" * 12_000  # a Basic user name just under the header limit
-        async with httpx.AsyncClient(base_url=guarded.url, timeout=10) as http:
-            answer = await http.get(f"{API}/monitoring/groups", auth=(long_name, "pw"))
-            assert answer.status_code == 401
-            prefix = "p" * 200
-            answer = await http.post(
-                f"{API}/streams/{prefix}",
-                json={"requestedBy": "b" * 100_000, "reason": "r" * 100_000},
-                auth=guarded.admin_auth,
-            )
-            assert answer.status_code in (201, 400, 409), answer.text
-        records = await _settled(r, 2)
-        assert len(records) >= 2
-        for record in records:
-            assert len(json.dumps(record).encode()) <= MAX_RECORD_BYTES
-        # Refused (requestedBy is too long) or created: audited with cut fields.
-        (create,) = [rec for rec in records if rec["streamPrefix"] == prefix]
-        assert create["truncated"] is True and len(create["requestedBy"]) == 257
-    finally:
-        await r.aclose()
+    long_name = "u" * 12_000  # a Basic user name just under the header limit
+    async with httpx.AsyncClient(base_url=guarded.url, timeout=10) as http:
+        answer = await http.get(f"{API}/monitoring/groups", auth=(long_name, "pw"))
+        assert answer.status_code == 401
+        prefix = "p" * 200
+        answer = await http.post(
+            f"{API}/streams/{prefix}",
+            json={"requestedBy": "b" * 100_000, "reason": "r" * 100_000},
+            auth=guarded.admin_auth,
+        )
+        assert answer.status_code in (201, 400, 409), answer.text
+    records = await _settled(r, 2)
+    assert len(records) >= 2
+    for record in records:
+        assert len(json.dumps(record).encode()) <= MAX_RECORD_BYTES
+    # Refused (requestedBy is too long) or created: audited with cut fields.
+    (create,) = [rec for rec in records if rec["streamPrefix"] == prefix]
+    assert create["truncated"] is True and len(create["requestedBy"]) == 257
 
 
 async def _raw(guarded: CoordinatorProcess) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -17,6 +17,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from helpers import join_body
 from server.sim import API, hb_path
 
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -28,12 +29,8 @@ REVOKE = f"{API}/admin/principals/admin/revoke-tokens"
 
 @pytest.fixture(scope="module")
 def coord(redis_server: RedisServer) -> Iterator[CoordinatorProcess]:
-    proc = CoordinatorProcess(redis_server.url, env={"STREAMKIT_SERVER_AUDIT_STREAM": AUDIT})
-    proc.start()
-    try:
+    with CoordinatorProcess(redis_server.url, env={"STREAMKIT_SERVER_AUDIT_STREAM": AUDIT}) as proc:
         yield proc
-    finally:
-        proc.cleanup()
 
 
 def _client(coord: CoordinatorProcess) -> httpx.AsyncClient:
@@ -112,8 +109,7 @@ async def test_member_ids_and_names_refuse_control_and_format_characters(
     coord: CoordinatorProcess, bad: str
 ) -> None:
     prefix = f"cc{uuid.uuid4().hex[:6]}"
-    base = {"protocolVersion": 1, "requestId": "r1", "memberEpoch": 0, "metadataVersion": 0,
-            "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1}}  # fmt: skip
+    base = join_body(requestId="r1")  # each case names its member
     async with _client(coord) as http:
         created = await http.post(
             f"{API}/streams/{prefix}/groups/g",

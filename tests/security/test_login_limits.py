@@ -31,19 +31,15 @@ SVC_PASSWORD = "svc-password-1"
 def limited(redis_server: RedisServer) -> Iterator[CoordinatorProcess]:
     principals = [{"username": "svc", "passwordHash": hash_password(SVC_PASSWORD),
                    "roles": ["MEMBER"]}]  # fmt: skip
-    proc = CoordinatorProcess(
+    with CoordinatorProcess(
         redis_server.url,
         env={
             "STREAMKIT_SERVER_PRINCIPALS": json.dumps(principals),
             "STREAMKIT_SERVER_LOGIN_FAILURES_PER_MINUTE": "3",
             "STREAMKIT_SERVER_LOGIN_FAILURES_BACKSTOP_PER_MINUTE": "8",
         },
-    )
-    proc.start()
-    try:
+    ) as proc:
         yield proc
-    finally:
-        proc.cleanup()
 
 
 @pytest.fixture

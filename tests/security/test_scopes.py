@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers import join_body
 from server.sim import API, hb_path
 
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -43,21 +44,14 @@ def coord(scoped_redis: RedisServer) -> Iterator[CoordinatorProcess]:
          "groups": ["orders-*/*"]},
         {"username": "plain-svc", "passwordHash": hashed, "roles": ["MEMBER", "READ"]},
     ]  # fmt: skip
-    proc = CoordinatorProcess(
+    with CoordinatorProcess(
         redis_server.url, env={"STREAMKIT_SERVER_PRINCIPALS": json.dumps(principals)}
-    )
-    proc.start()
-    try:
+    ) as proc:
         yield proc
-    finally:
-        proc.cleanup()
 
 
 def _join(member: str) -> dict[str, Any]:
-    return {
-        "protocolVersion": 1, "requestId": "r1", "memberId": member, "memberEpoch": 0,
-        "metadataVersion": 0, "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1},
-    }  # fmt: skip
+    return join_body(member, requestId="r1")
 
 
 async def _groups(coord: CoordinatorProcess) -> tuple[str, str]:

@@ -6,6 +6,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from helpers import join_body
+
 from streamkit.testing import RedisServer, RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
 from streamkit_server.auth.principals import hash_password
@@ -33,6 +35,4 @@ def start(
 
 def heartbeat(member: str, epoch: int, **extra: Any) -> dict[str, Any]:
     """A heartbeat body (no incarnation unless given, as the reference clients)."""
-    return {"protocolVersion": 1, "requestId": "r", "memberId": member, "memberEpoch": epoch,
-            "metadataVersion": 0, "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1},
-            **extra}  # fmt: skip
+    return join_body(member, memberEpoch=epoch, **extra)

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 import httpx
 from chaos import checks
 from chaos.proxy import ChaosProxy
-from helpers import AppProcess
+from helpers import AppProcess, sigterm_then_kill
 
 from streamkit.testing import HOST, RedisServer
 from streamkit.testing.coordinator import (
@@ -237,13 +236,7 @@ class Fleet:
             return
         _, proc = self.publisher
         self.publisher = None
-        proc.send_signal(signal.SIGTERM)
-        for _ in range(200):
-            if proc.poll() is not None:
-                return
-            await asyncio.sleep(0.05)
-        proc.kill()
-        proc.wait(5)
+        await sigterm_then_kill(proc)
 
     # -- the roll ------------------------------------------------------------------
 

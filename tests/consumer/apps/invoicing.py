@@ -7,22 +7,10 @@ from __future__ import annotations
 import os
 
 import anyio
-from pydantic import BaseModel
 
 from streamkit import StreamKit
 
-
-class Order(BaseModel):
-    order_id: str
-    customer_id: str
-    amount: int
-
-
-class Invoice(BaseModel):
-    order_id: str
-    customer_id: str
-    total: int
-
+from .orders import Invoice, Order, invoice_for
 
 sleep_s = float(os.environ.get("SKT_SLEEP_MS", "0")) / 1000
 app = StreamKit()
@@ -33,4 +21,4 @@ app = StreamKit()
 async def bill(order: Order) -> Invoice:
     if sleep_s:
         await anyio.sleep(sleep_s)
-    return Invoice(order_id=order.order_id, customer_id=order.customer_id, total=order.amount)
+    return invoice_for(order)

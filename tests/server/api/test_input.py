@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers import join_body as _hb
 
 from streamkit.testing import RedisTarget
 from streamkit.testing.coordinator import CoordinatorProcess
@@ -16,23 +17,6 @@ from ..sim import API, SimMember, create_group, hb_path, meta_key, redis_of
 HB = hb_path("input", "g", "m1")
 GROUP = f"{API}/streams/input/groups/g"
 MON = f"{API}/monitoring/streams/input/groups/g"
-
-
-def _hb(**changes: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "protocolVersion": 1,
-        "requestId": "r",
-        "memberId": "m1",
-        "memberEpoch": 0,
-        "metadataVersion": 0,
-        "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1},
-    }
-    for key, value in changes.items():
-        if value is None:
-            body.pop(key)
-        else:
-            body[key] = value
-    return body
 
 
 async def _chunks(size: int) -> AsyncIterator[bytes]:

@@ -74,12 +74,10 @@ def test_every_route_is_in_the_matrix_and_the_matrix_has_no_leftovers() -> None:
 
 @pytest.fixture(scope="module")
 def coord(redis_server: RedisServer) -> Iterator[CoordinatorProcess]:
-    proc = CoordinatorProcess(redis_server.url, env={"STREAMKIT_SERVER_PRINCIPALS": PRINCIPALS})
-    proc.start()
-    try:
+    with CoordinatorProcess(
+        redis_server.url, env={"STREAMKIT_SERVER_PRINCIPALS": PRINCIPALS}
+    ) as proc:
         yield proc
-    finally:
-        proc.cleanup()
 
 
 async def test_every_route_refuses_missing_credentials_and_wrong_roles(

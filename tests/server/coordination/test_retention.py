@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -82,14 +83,18 @@ async def test_a_stalled_group_blocks_retention_a_healthy_one_lets_it_trim(
             for n in range(20):
                 await client.xadd(key, {"n": str(n)})
 
-        # Unread by 'fast': retention waits for it.
-        async def fast_blocks_both() -> bool:
-            shards = await _metric(
-                admin, "redis_stream_coord_retention_blocked_shards",
-                stream_prefix="orders", consumer_group="fast",
-            )  # fmt: skip
-            return shards == 2
+        def blocks_both(group: str) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                shards = await _metric(
+                    admin, "redis_stream_coord_retention_blocked_shards",
+                    stream_prefix="orders", consumer_group=group,
+                )  # fmt: skip
+                return shards == 2
 
+            return check
+
+        # Unread by 'fast': retention waits for it.
+        fast_blocks_both = blocks_both("fast")
         await eventually(fast_blocks_both, what="'fast' reported as blocking both shards")
         assert await lengths() == [20, 20]
         # A healthy group's reads let retention trim (its last delivered entry is the newest).
@@ -109,14 +114,7 @@ async def test_a_stalled_group_blocks_retention_a_healthy_one_lets_it_trim(
             await read("fast", key)
         pending = await read("slow", keys[0], count=3, ack=False)
         snapshot = {k: [i for i, _ in await client.xrange(k)] for k in keys}
-
-        async def slow_blocks_both() -> bool:
-            shards = await _metric(
-                admin, "redis_stream_coord_retention_blocked_shards",
-                stream_prefix="orders", consumer_group="slow",
-            )  # fmt: skip
-            return shards == 2
-
+        slow_blocks_both = blocks_both("slow")
         await eventually(slow_blocks_both, what="'slow' reported as blocking both shards")
         for _ in range(5):  # several more passes: still nothing it needs is gone
             await eventually(slow_blocks_both, what="another pass")

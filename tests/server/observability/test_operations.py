@@ -18,7 +18,7 @@ import anyio
 import httpx
 import pytest
 import redis.asyncio
-from helpers import KEY_PREFIX, eventually, metadata_key
+from helpers import KEY_PREFIX, eventually, join_body, metadata_key
 from pydantic import ValidationError
 
 from streamkit.testing import RedisServer
@@ -69,7 +69,7 @@ def ops(ops_redis: RedisServer) -> Iterator[tuple[CoordinatorProcess, int]]:
         )  # fmt: skip
     url = redis_server.url.replace("redis://", f"redis://{REDIS_USER}:{REDIS_PASSWORD}@")
     metrics_port = free_port()
-    proc = CoordinatorProcess(
+    with CoordinatorProcess(
         url,
         heartbeat_interval_ms=10_000,
         member_lease_ttl_ms=30_000,
@@ -83,12 +83,8 @@ def ops(ops_redis: RedisServer) -> Iterator[tuple[CoordinatorProcess, int]]:
             "STREAMKIT_SERVER_MAX_MEMBERS_PER_GROUP": "3",
             "STREAMKIT_SERVER_ADMIN_MUTATIONS_PER_MINUTE": str(ADMIN_LIMIT),
         },
-    )
-    proc.start()
-    try:
+    ) as proc:
         yield proc, metrics_port
-    finally:
-        proc.cleanup()
         with redis_server.client() as conn:
             conn.execute_command("ACL", "DELUSER", REDIS_USER)
         # Keys of the module (audit stream, limiter windows) must not leak into the next one.
@@ -102,14 +98,6 @@ async def r(ops_redis: RedisServer) -> AsyncIterator[Any]:
         yield client
     finally:
         await client.aclose()
-
-
-def _hb(member: str, **changes: Any) -> dict[str, Any]:
-    body = {
-        "protocolVersion": 1, "requestId": "r", "memberId": member, "memberEpoch": 0,
-        "metadataVersion": 0, "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1},
-    }  # fmt: skip
-    return {**body, **changes}
 
 
 def _sample(text: str, name: str, **labels: str) -> float:
@@ -244,7 +232,9 @@ async def test_refused_coordination_versions_and_redis_commands_are_counted(
     async with httpx.AsyncClient(base_url=coord.url, timeout=10) as http:
         assert (await _create(http, "compat", "g", coord.admin_auth)).status_code == 201
         hb = f"{API}/streams/compat/groups/g/members/m1/heartbeat"
-        refused = await http.post(hb, json=_hb("m1", protocolVersion=99), auth=coord.member_auth)
+        refused = await http.post(
+            hb, json=join_body("m1", protocolVersion=99), auth=coord.member_auth
+        )
         assert refused.json()["status"] == "UNSUPPORTED_PROTOCOL"
         # The coordinator's Redis user may not run XREVRANGE (an ACL change
         # after start-up): 503 with a code that says so, never a 500.
@@ -342,7 +332,7 @@ async def test_heartbeats_beyond_the_group_limit_get_429_with_retry_after(
         statuses = []
         for n in range(HB_LIMIT + 1):
             answer = await http.post(
-                f"{API}/streams/limits/groups/hb/members/m{n}/heartbeat", json=_hb(f"m{n}")
+                f"{API}/streams/limits/groups/hb/members/m{n}/heartbeat", json=join_body(f"m{n}")
             )
             statuses.append(answer.status_code)
         assert statuses == [200] * HB_LIMIT + [429], statuses
@@ -354,7 +344,7 @@ async def test_heartbeats_beyond_the_group_limit_get_429_with_retry_after(
         # Per group: another group's members are not limited.
         assert (await _create(http, "limits", "other", coord.admin_auth)).status_code == 201
         other = await http.post(
-            f"{API}/streams/limits/groups/other/members/m0/heartbeat", json=_hb("m0")
+            f"{API}/streams/limits/groups/other/members/m0/heartbeat", json=join_body("m0")
         )
         assert other.status_code == 200
 
@@ -389,12 +379,12 @@ async def test_rollback_witnesses_are_counted_and_ignored_ones_audited(
         url = f"{API}/streams/witness/groups/forged/members"
         forged = await http.post(
             f"{url}/ghost/heartbeat",
-            json=_hb("ghost", memberEpoch=7, metadataVersion=2**62, incarnation="ab" * 8),
+            json=join_body("ghost", memberEpoch=7, metadataVersion=2**62, incarnation="ab" * 8),
         )
         assert forged.status_code == 200
         assert forged.json()["status"] == "UNKNOWN_MEMBER_ID"
         # No correction round: a real member joining is granted shards at once.
-        joined = await http.post(f"{url}/m0/heartbeat", json=_hb("m0"))
+        joined = await http.post(f"{url}/m0/heartbeat", json=join_body("m0"))
         assert joined.json()["status"] == "OK", joined.json()
         body = joined.json()
         member_epoch = body["memberEpoch"]
@@ -410,7 +400,7 @@ async def test_rollback_witnesses_are_counted_and_ignored_ones_audited(
         claim = body["metadataVersion"] + 3
         ahead = await http.post(
             f"{url}/m0/heartbeat",
-            json=_hb("m0", memberEpoch=member_epoch, metadataVersion=claim),
+            json=join_body("m0", memberEpoch=member_epoch, metadataVersion=claim),
         )
         assert ahead.status_code == 200, ahead.text
     after = await _loopback_metrics(port)

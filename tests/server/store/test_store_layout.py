@@ -42,6 +42,14 @@ async def _write(store: MetadataStore, loaded: Loaded, member: MemberMetadata) -
     return written.loaded
 
 
+async def _create(store: MetadataStore, prefix: str) -> tuple[GroupKeys, Loaded]:
+    """Group g of ``prefix`` on 4 shards, created by ``store``: its keys and what it wrote."""
+    keys = store.group_keys(prefix, "g")
+    created = await store.commit(None, keys, new_group(prefix, "g", 4, 1), (), "")
+    assert created.ok and created.loaded is not None
+    return keys, created.loaded
+
+
 async def _load(store: MetadataStore, keys: GroupKeys) -> Loaded:
     loaded = await store.load(keys)
     assert loaded is not None
@@ -52,11 +60,8 @@ async def test_member_writes_of_one_process_reach_the_other_as_deltas(
     stores: tuple[MetadataStore, MetadataStore],
 ) -> None:
     a, b = stores
-    keys = a.group_keys("layout", "g")
-    created = await a.commit(None, keys, new_group("layout", "g", 4, 1), (), "")
-    assert created.ok and created.loaded is not None
+    keys, mine = await _create(a, "layout")
     seen_by_b = await _load(b, keys)
-    mine = created.loaded
     for n in range(5):
         mine = await _write(a, mine, MemberMetadata(member_id=f"m{n}", last_heartbeat_ms=n))
         previous = seen_by_b.group.members
@@ -78,10 +83,8 @@ async def test_a_restored_copy_with_the_same_revision_is_read_again_in_full(
     stores: tuple[MetadataStore, MetadataStore],
 ) -> None:
     a, b = stores
-    keys = a.group_keys("restore", "g")
-    created = await a.commit(None, keys, new_group("restore", "g", 4, 1), (), "")
-    assert created.loaded is not None
-    base = await _write(a, created.loaded, MemberMetadata(member_id="m1"))
+    keys, created = await _create(a, "restore")
+    base = await _write(a, created, MemberMetadata(member_id="m1"))
     snapshot = await a.client.hgetall(keys.metadata)
     # a writes revision N+1; Redis then goes back to N and another process
     # writes a different N+1 (a document change: a new shard count).
@@ -101,10 +104,8 @@ async def test_a_steady_write_is_one_round_trip_unless_its_own_record_or_the_doc
     stores: tuple[MetadataStore, MetadataStore],
 ) -> None:
     a, b = stores
-    keys = a.group_keys("steady", "g")
-    created = await a.commit(None, keys, new_group("steady", "g", 4, 1), (), "")
-    assert created.loaded is not None
-    mine = await _write(a, created.loaded, MemberMetadata(member_id="m1"))
+    keys, created = await _create(a, "steady")
+    mine = await _write(a, created, MemberMetadata(member_id="m1"))
     seen_by_b = await _load(b, keys)
 
     def with_member(loaded: Loaded, member: MemberMetadata) -> tuple[Any, tuple[MemberUpserted]]:
