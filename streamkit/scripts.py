@@ -181,7 +181,8 @@ IDEMPOTENT_XADD_MANY: Final = Script(
 local count = tonumber(ARGV[4])
 -- Bounded by what this call adds (as the one-entry script).
 forget_expired(ARGV[1], count + 8)
-local head = xadd_head(ARGV[3])
+local args = xadd_head(ARGV[3])
+local nhead = #args
 -- Every id's record in one HMGET and every new one in one HSET and one ZADD:
 -- a call from Lua costs about as much as the work of one entry.
 local ids, starts, i = {}, {}, 5
@@ -201,10 +202,12 @@ for c = 1, count do
   if first then
     replies[c] = {first, 1}
   else
-    local s, args = starts[c], {unpack(head)}
-    local n = #args
-    for j = 1, tonumber(ARGV[s + 1]) do args[n + j] = ARGV[s + 1 + j] end
-    local id = redis.call(unpack(args))
+    -- One argument table for every XADD of the call (its head stays, the
+    -- fields are written over): a table per entry was a tenth of the script.
+    local s = starts[c]
+    local m = tonumber(ARGV[s + 1])
+    for j = 1, m do args[nhead + j] = ARGV[s + 1 + j] end
+    local id = redis.call(unpack(args, 1, nhead + m))
     if id then
       seen[idem] = id
       pairs_[#pairs_ + 1] = idem
