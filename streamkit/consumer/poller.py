@@ -26,6 +26,7 @@ from streamkit.consumer.idempotence import CommitCounts
 from streamkit.consumer.invoke import Invoker
 from streamkit.consumer.member import MemberStateMachine
 from streamkit.consumer.options import PollerOptions, ReadObserver
+from streamkit.consumer.reader_host import Reader
 from streamkit.consumer.shard_io import ShardIO, supports_xackdel
 from streamkit.consumer.shard_reader import ShardReader
 from streamkit.middleware import Middleware
@@ -168,7 +169,7 @@ class ShardPoller:
 
     # -- what readers ask (ReaderHost) -------------------------------------------------
 
-    def reader_finished(self, reader: ShardReader) -> None:
+    def reader_finished(self, reader: Reader) -> None:
         if self._readers.get(reader.shard) is reader:
             del self._readers[reader.shard]
             self.halted.pop(reader.shard, None)

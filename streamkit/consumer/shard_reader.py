@@ -3,8 +3,9 @@
 One reader per owned shard, never more: a multi-key ``XREADGROUP`` would fail
 with CROSSSLOT in Redis Cluster, and one loop per shard keeps each shard's
 entries in order.  What the reader may ask of its member is the narrow
-:class:`ReaderHost` (the in-flight budget, the lease, the dispatcher, where to
-report), and Redis is behind its :class:`~streamkit.consumer.shard_io.ShardIO`.
+:class:`~streamkit.consumer.reader_host.ReaderHost` (the in-flight budget,
+the lease, the dispatcher, where to report), and Redis is behind its
+:class:`~streamkit.consumer.shard_io.ShardIO`.
 
 How it reads, claims, acks and gives up: docs/architecture.md ("The poller").
 """
@@ -15,25 +16,23 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from redis.exceptions import RedisError
 
 from streamkit.consumer.acks import AckQueue, backoff_s
-from streamkit.consumer.dispatch import Dispatcher
-from streamkit.consumer.fair_gate import FairGate
-from streamkit.consumer.idempotence import CommitCounts, Effects, Idempotence
+from streamkit.consumer.idempotence import Effects, Idempotence
 from streamkit.consumer.lifecycle import monotonic_ms
 from streamkit.consumer.message import Message, Settlement
-from streamkit.consumer.options import PollerOptions, ReadObserver
+from streamkit.consumer.reader_host import ReaderHost
 from streamkit.consumer.retry_schedule import RetrySchedule
 from streamkit.consumer.shard_io import END_OF_PEL, Entry, LeaseCut, ShardIO, later_id
 from streamkit.protocol import ShardConsumptionProgress, ShardId
-from streamkit.redis_health import RedisReachability, is_unreachable_error
+from streamkit.redis_health import is_unreachable_error
 from streamkit.results import Decision
 
-__all__ = ["Lease", "ReaderHost", "ShardReader"]
+__all__ = ["ShardReader"]
 
 log = logging.getLogger("streamkit.poller")
 
@@ -49,44 +48,6 @@ _ACK_PATIENCE_S = 0.02
 T = TypeVar("T")
 #: Entries read, claimed ones' delivery counts, their markers if the read answered.
 _Batch = tuple[list[Entry], dict[bytes, int], list[bool] | None]
-
-
-class Lease(Protocol):
-    """The member state machine's answers a reader needs."""
-
-    @property
-    def epoch(self) -> int: ...
-
-    def may_read(self, shard: int, now_ms: int) -> bool: ...
-
-    def lease_remaining_ms(self, now_ms: int) -> int: ...
-
-
-class ReaderHost(Protocol):
-    """What a shard reader may ask of the member's poller."""
-
-    options: PollerOptions
-    gate: FairGate
-    reachability: RedisReachability
-    observer: ReadObserver | None
-    dispatcher: Dispatcher
-    redis_address: str
-    commit_counts: CommitCounts
-
-    @property
-    def lease(self) -> Lease: ...
-
-    def idle_share(self) -> int:
-        """Tokens an idle shard's blocking read asks for."""
-
-    async def wait_for_change(self) -> None:
-        """Until the member's state changes (a heartbeat answered)."""
-
-    def shard_halted(self, shard: int, entry_id: str) -> None: ...
-
-    def dead_lettered(self) -> None: ...
-
-    def reader_finished(self, reader: ShardReader) -> None: ...
 
 
 class ShardReader:

@@ -17,6 +17,7 @@ from streamkit.protocol import GroupState, HeartbeatRequest, MemberState, Revoki
 
 from .assignor import assign
 from .config import CoordinatorConfig
+from .deadlines import earliest_deadline_ms
 from .limits import RECORDS_PER_MEMBER_SLOT, evictable_records
 from .model import (
     NEVER_MS,
@@ -478,26 +479,3 @@ def _derive_state(group: GroupMetadata) -> GroupState:
     if any(shard not in owners for shard in target):
         return GroupState.ASSIGNING
     return GroupState.STABLE
-
-
-def earliest_deadline_ms(group: GroupMetadata, config: CoordinatorConfig) -> int | None:
-    """The earliest time at which a timeout could change ``group``, if any."""
-    deadlines: list[int] = []
-    ttl = config.member_lease_ttl_ms
-    for member in group.members.values():
-        if member.live:
-            deadlines.append(member.last_heartbeat_ms + ttl + 1)
-            if member.revoke_deadline_ms is not None:
-                deadlines.append(member.revoke_deadline_ms + 1)
-        elif member.fenced_at_ms is not None and group.shards_held_by(member.member_id):
-            deadlines.append(member.fenced_at_ms + ttl)
-        elif member.dead_since_ms is not None:
-            deadlines.append(member.dead_since_ms + config.dead_member_retention_ms + 1)
-    migration = group.active_migration()
-    if migration is not None:
-        # A migration waits on Redis work (provisioning, drain probes) that only
-        # the server's loop can do: keep it due while the migration is open.
-        deadlines.append(migration.updated_at_ms)
-    if group.correction is not None:
-        deadlines.append(group.correction.started_at_ms + ttl)
-    return min(deadlines) if deadlines else None

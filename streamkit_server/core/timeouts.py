@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .config import CoordinatorConfig
-from .draft import Draft, earliest_deadline_ms
+from .deadlines import earliest_deadline_ms
+from .draft import Draft
 from .model import GroupMetadata
 from .resharding import advance_migration
 from .result import Result, result_of
