@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -74,6 +76,28 @@ def test_the_parent_context_is_what_the_api_builds() -> None:
             otel_context.detach(token)
 
 
+def traced_invoker(handler: Any) -> tuple[Any, Any]:
+    """A real Invoker whose only middleware traces to a private SDK provider
+    that keeps every finished span: (invoker, exporter)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from streamkit.consumer.invoke import Invoker
+    from streamkit.consumer.options import PollerOptions
+    from streamkit.observability import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    invoker = Invoker(
+        stream_prefix="s", consumer_group="g", member_id="m", options=PollerOptions(),
+        handler=handler, batch_handler=None,
+        middlewares=[tracing.TracingMiddleware(tracer=provider.get_tracer("t"))],
+    )  # fmt: skip
+    return invoker, exporter
+
+
 async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context() -> None:
     """TracingMiddleware's inline hooks, run by a real Invoker: on the common
     path the handler sees what ``attach`` would give it (the ContextVar is set
@@ -81,19 +105,11 @@ async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context
     context is back afterwards; a sampled producer gets a consumer span."""
     from opentelemetry import baggage
     from opentelemetry import context as otel_context
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from streamkit.consumer.invoke import Invoker
     from streamkit.consumer.message import Message
-    from streamkit.consumer.options import PollerOptions
     from streamkit.observability import tracing
 
     assert tracing._CURRENT is not None  # the default runtime context: the fast path is on
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
     seen: dict[str, object] = {}
 
     async def handler(message: Message) -> None:
@@ -103,11 +119,7 @@ async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context
         seen["tenant"] = baggage.get_baggage("tenant")
         message.ack()
 
-    invoker = Invoker(
-        stream_prefix="s", consumer_group="g", member_id="m", options=PollerOptions(),
-        handler=handler, batch_handler=None,
-        middlewares=[tracing.TracingMiddleware(tracer=provider.get_tracer("t"))],
-    )  # fmt: skip
+    invoker, exporter = traced_invoker(handler)
 
     raw = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-00"
     invoker.begin_read()
@@ -204,13 +216,8 @@ async def test_what_the_handler_sees_for_each_kind_of_entry(
     one.  The handler sees the same in both, and the caller's context is back."""
     from opentelemetry import context as otel_context
     from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from streamkit.consumer.invoke import Invoker
     from streamkit.consumer.message import Message
-    from streamkit.consumer.options import PollerOptions
     from streamkit.observability import tracing
 
     if runtime == "another":
@@ -223,20 +230,13 @@ async def test_what_the_handler_sees_for_each_kind_of_entry(
         assert tracing._CURRENT is None
     else:
         assert tracing._CURRENT is not None
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
     seen: list[tuple[trace.SpanContext, bool]] = []
 
     async def handler(message: Message) -> None:
         span = trace.get_current_span()
         seen.append((span.get_span_context(), span.is_recording()))
 
-    invoker = Invoker(
-        stream_prefix="s", consumer_group="g", member_id="m", options=PollerOptions(),
-        handler=handler, batch_handler=None,
-        middlewares=[tracing.TracingMiddleware(tracer=provider.get_tracer("t"))],
-    )  # fmt: skip
+    invoker, exporter = traced_invoker(handler)
     unsampled = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-00"
     sampled = unsampled[:-2] + b"01"
     malformed = unsampled[:-3] + b"_00"  # the right length, a stray byte
