@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MEMBER = "streamkit/consumer/member.py"
 DRAFT = "streamkit_server/core/draft.py"
+DEADLINES = "streamkit_server/core/deadlines.py"
 HEARTBEAT = "streamkit_server/core/heartbeat.py"
 ROLLBACK = "streamkit_server/core/rollback.py"
 LIMITS = "streamkit_server/core/limits.py"
@@ -85,7 +86,7 @@ MUTANTS = (
                 "self.now > member.last_heartbeat_ms + cfg.member_lease_ttl_ms - 100",
             ),
             (
-                DRAFT,
+                DEADLINES,
                 "deadlines.append(member.last_heartbeat_ms + ttl + 1)",
                 "deadlines.append(member.last_heartbeat_ms + ttl - 99)",
             ),
@@ -139,7 +140,7 @@ MUTANTS = (
                 "and self.now >= member.fenced_at_ms",
             ),
             (
-                DRAFT,
+                DEADLINES,
                 "deadlines.append(member.fenced_at_ms + ttl)",
                 "deadlines.append(member.fenced_at_ms)",
             ),
