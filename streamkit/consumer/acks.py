@@ -200,7 +200,7 @@ class AckQueue:
                 self._requeue(acks, dels, letters)
             return
         except BaseException:
-            # Cancelled (a reader halted while it flushed, waiting for tokens):
+            # Cancelled (the member stopping, or a flush past its bound):
             # whether Redis ran it is unknown, so it goes out again with the
             # final flush (an XACK of an acked id changes nothing).
             if not final:

@@ -182,7 +182,7 @@ class ShardReader:
                 # a longer wait sends them first, so that nothing waits
                 # unacked behind other shards' handlers.
                 granted = await self.interruptibly(
-                    gate.acquire(want, meanwhile=self._acks.flush, after_s=_ACK_PATIENCE_S)
+                    gate.acquire(want, meanwhile=self._flush_waiting, after_s=_ACK_PATIENCE_S)
                 )
                 if not granted:
                     continue
@@ -217,6 +217,13 @@ class ShardReader:
                 failures += 1
                 self._io.log_read_error(error, failures, self._host.redis_address)
                 await self.interruptibly(anyio.sleep(backoff_s(failures)))
+
+    async def _flush_waiting(self) -> None:
+        """The acks of a reader that waits long for tokens.  A halt does not cut
+        the round trip short (a dead letter sent again would be a duplicate);
+        bounded as the final flush is."""
+        with anyio.move_on_after(_FINAL_FLUSH_S, shield=True):
+            await self._acks.flush()
 
     async def _read_within_lease(self, count: int) -> _Batch:
         """``_read_batch``, but no Redis command of it outlives the assignment lease."""
