@@ -32,7 +32,7 @@ from opentelemetry.context import Context
 from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
-from streamkit.middleware import BatchContext, BatchNext, Middleware
+from streamkit.middleware import BatchContext, BatchNext, Middleware, ReadContext, ReadNext
 from streamkit.results import ConsumeResult
 
 if TYPE_CHECKING:
@@ -137,6 +137,48 @@ class _UnsampledParent(NonRecordingSpan):
 
 
 _new_parent: Final = object.__new__
+
+# The ``traceparent`` of the sampled-out entry being handled in this task, set
+# per entry by ``enter_consume`` while the read's context holds ``_DELIVERY``.
+_DELIVERY_RAW: ContextVar[bytes | None] = ContextVar("streamkit_delivery_traceparent", default=None)
+
+
+class _DeliverySpan(NonRecordingSpan):
+    """The span a read's handlers run under: the producer span of the entry
+    being handled, when it was sampled out.
+
+    Building a context and a span per entry (and switching the API's context
+    to it) was most of what tracing cost a sampled-out entry.  Instead the
+    read's context holds this one span, and each entry only sets
+    ``_DELIVERY_RAW``, a ContextVar of its own: what the span says is read from
+    the task's context when someone asks.  A task the handler starts copies
+    that ContextVar with the rest, so it keeps its entry's trace.  An entry
+    that is not a sampled-out one gets a context of its own on top
+    (``_Scope``), and outside an entry the span is invalid (no parent).
+    """
+
+    _last: tuple[bytes | None, SpanContext] = (None, trace.INVALID_SPAN_CONTEXT)
+
+    def __init__(self) -> None:  # no super().__init__: the context is per task
+        pass
+
+    @property
+    def _context(self) -> SpanContext:  # type: ignore[override]
+        return self.get_span_context()
+
+    def get_span_context(self) -> SpanContext:
+        raw = _DELIVERY_RAW.get()
+        last = self._last
+        if raw is last[0]:
+            return last[1]
+        if raw is None:
+            return trace.INVALID_SPAN_CONTEXT
+        parsed = SpanContext(int(raw[3:35], 16), int(raw[36:52], 16), True, _FLAGS[0])
+        self._last = (raw, parsed)
+        return parsed
+
+
+_DELIVERY: Final = _DeliverySpan()
 
 
 def _unsampled_parent(raw: object) -> _UnsampledParent | None:
@@ -254,6 +296,19 @@ class TracingMiddleware(Middleware):
             # _current_context_var).  The token is the ContextVar's own.
             raw = message.raw_fields.get(field)
             base = var.get()
+            if base.get(_SPAN_KEY) is _DELIVERY:  # inside consume_read (the usual case)
+                if (  # _is_unsampled, inline (a call costs a tenth of it)
+                    type(raw) is bytes
+                    and raw[53:] == b"00"
+                    and raw.translate(_CLASSES) == _SHAPE
+                    and raw[:2] == b"00"
+                    and raw[3:35] != _ZERO_TRACE_ID
+                    and raw[36:52] != _ZERO_SPAN_ID
+                ):
+                    return _DELIVERY_RAW.set(raw)
+                return self._enter(message, stream_prefix, consumer_group, member_id)
+            # Outside a read (a parked entry's retry, a direct call): a context
+            # of the entry's own, as the API would build it.
             last = self._last
             # Entries of one publish_many share their traceparent: the last
             # context built is reused (a Context is immutable) when the value
@@ -280,7 +335,8 @@ class TracingMiddleware(Middleware):
     def exit_consume(self, token: object, result: ConsumeResult | None) -> None:
         if type(token) is Token:
             try:
-                _CURRENT.reset(token)  # type: ignore[union-attr]  # only the fast path makes one
+                # _DELIVERY_RAW's, or the API's ContextVar's (only the fast paths make one).
+                token.var.reset(token)
             except ValueError:  # what the API's detach tolerates (and logs)
                 log.exception("failed to restore the tracing context")
         elif type(token) is _Scope:
@@ -324,6 +380,21 @@ class TracingMiddleware(Middleware):
             set_status_on_exception=False,
         )
         return _Scope(span, otel_context.attach(trace.set_span_in_context(span)))
+
+    async def consume_read(self, ctx: ReadContext, call_next: ReadNext) -> list[ConsumeResult]:
+        """Run a read's handlers under ``_DELIVERY``: one context switch per read,
+        not one per sampled-out entry (see ``_DeliverySpan``)."""
+        var = _CURRENT
+        if self._field is None or var is None or not self.follow_parent_sampling:
+            return await call_next()
+        base = var.get()
+        token = var.set(
+            Context({**base, _SPAN_KEY: _DELIVERY}) if base else Context({_SPAN_KEY: _DELIVERY})
+        )
+        try:
+            return await call_next()
+        finally:
+            var.reset(token)
 
     async def consume_batch(self, ctx: BatchContext, call_next: BatchNext) -> list[ConsumeResult]:
         if not self._tracing():
