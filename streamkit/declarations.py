@@ -20,13 +20,12 @@ from streamkit.consumer.failure import FailurePolicy
 from streamkit.consumer.idempotence import Idempotence
 from streamkit.consumer.lifecycle import ShardLifecycle
 from streamkit.consumer.listener import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_BLOCK_MS,
     Listener,
     ListenerConfigError,
     MessageHandler,
     _check_name,
 )
+from streamkit.consumer.options import DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_MS
 from streamkit.middleware import Middleware
 from streamkit.publisher.encoding import PAYLOAD_FIELD, PartitionKey
 from streamkit.publisher.publisher import Publisher
@@ -153,7 +152,7 @@ class AppDeclarations:
         lifecycle: ShardLifecycle | None = None,
         batch: bool | None = None,
         failure_policy: FailurePolicy | None = None,
-        payload_field: str = "payload",
+        payload_field: str = PAYLOAD_FIELD,
         shards: int | None = None,
         idempotent: bool | Idempotence = False,
     ) -> Callable[[F], F]:

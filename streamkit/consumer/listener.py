@@ -24,9 +24,15 @@ from streamkit.consumer.handlers import (
 )
 from streamkit.consumer.idempotence import Idempotence
 from streamkit.consumer.lifecycle import ShardLifecycle
-from streamkit.consumer.options import PollerOptions
+from streamkit.consumer.options import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_BLOCK_MS,
+    IN_FLIGHT_BATCHES,
+    PollerOptions,
+)
 from streamkit.errors import StreamkitError
 from streamkit.publisher.decorator import PUBLISHED_BY
+from streamkit.publisher.encoding import PAYLOAD_FIELD
 
 __all__ = ["Listener", "ListenerConfigError", "MessageHandler"]
 
@@ -39,10 +45,6 @@ MessageHandler = Callable[..., Any]
 # characters make keys and logs ambiguous.
 _FORBIDDEN: Final = re.compile(r"[\s{}/%\x00-\x1f\x7f]")
 _MAX_NAME: Final = 200
-DEFAULT_BATCH_SIZE: Final = 100
-DEFAULT_BLOCK_MS: Final = 2_000
-#: Default in-flight budget of a member, in batches.
-IN_FLIGHT_BATCHES: Final = 4
 
 
 _ACKS_BEFORE_PUBLISHING: Final = (
@@ -103,7 +105,7 @@ class Listener:
     #: None: the app-wide default (``FailurePolicy.from_settings``).
     failure_policy: FailurePolicy | None = None
     #: The field a typed handler's JSON payload is decoded from.
-    payload_field: str = "payload"
+    payload_field: str = PAYLOAD_FIELD
 
     @classmethod
     def create(
@@ -122,7 +124,7 @@ class Listener:
         claim_pending: bool = True,
         batch: bool | None = None,
         failure_policy: object = None,
-        payload_field: object = "payload",
+        payload_field: object = PAYLOAD_FIELD,
         idempotent: object = False,
         require_handler: bool = True,
     ) -> Listener:
