@@ -10,6 +10,7 @@ Spring Kafka creates its ``NewTopic`` beans at start-up; see
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -176,32 +177,29 @@ class AppDeclarations:
         exactly once with the ack (docs/consumer.md, "Idempotency").
         Returns the handler unchanged.
         """
-        options: dict[str, Any] = {
-            "stream_prefix": stream_prefix,
-            "group": group,
-            "concurrency": concurrency,
-            "lifecycle": lifecycle,
-            "batch_size": batch_size,
-            "max_in_flight": max_in_flight,
-            "block_ms": block_ms,
-            "failure_policy": failure_policy,
-            "payload_field": payload_field,
-            "idempotent": idempotent,
-        }
-        # Validate now, so a bad declaration fails even before a handler is given.
-        Listener.create(handler=_placeholder, **options)
+        declare = functools.partial(
+            Listener.create,
+            stream_prefix=stream_prefix,
+            group=group,
+            concurrency=concurrency,
+            lifecycle=lifecycle,
+            batch_size=batch_size,
+            max_in_flight=max_in_flight,
+            block_ms=block_ms,
+            ordered=ordered,
+            claim_pending=claim_pending,
+            failure_policy=failure_policy,
+            payload_field=payload_field,
+            idempotent=idempotent,
+        )
+        # Validate now, so a bad declaration fails even before a handler is
+        # given; batch and auto_ack are checked against the handler itself.
+        declare(handler=_placeholder, batch=None, auto_ack=None)
         if shards is not None:
             self.stream(stream_prefix, shards=shards)
 
         def register(handler: F) -> F:
-            listener = Listener.create(
-                handler=handler,
-                batch=batch,
-                ordered=ordered,
-                auto_ack=auto_ack,
-                claim_pending=claim_pending,
-                **options,
-            )
+            listener = declare(handler=handler, batch=batch, auto_ack=auto_ack)
             self._add(listener)
             return handler
 
@@ -220,12 +218,8 @@ class AppDeclarations:
         The hooks get a ``ShardContext`` (member id, epoch, Redis client,
         stream keys, ``may_read``); see ``ShardLifecycle`` for the rules.
         """
-        listener = Listener.create(
-            stream_prefix=stream_prefix,
-            group=group,
-            concurrency=concurrency,
-            lifecycle=lifecycle,
-            require_handler=False,
+        listener = Listener.for_lifecycle(
+            stream_prefix=stream_prefix, group=group, lifecycle=lifecycle, concurrency=concurrency
         )
         self._add(listener)
         return listener
