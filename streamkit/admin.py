@@ -11,7 +11,6 @@ from __future__ import annotations
 import getpass
 import re
 import socket
-from dataclasses import dataclass
 from typing import Final, Literal, TypedDict
 from urllib.parse import quote
 
@@ -66,23 +65,14 @@ class RetentionAnswer(WireModel):
     source: str
 
 
-@dataclass(frozen=True)
-class Audit:
+class Audit(TypedDict):
     """Who asks for a change and why: the coordinator's audit log keeps both.
 
-    Deleting and scaling need a ``reason`` (the coordinator refuses one
-    without); creating and setting a retention do not.
+    Spread into each change's request body (``**audit``).  Deleting and
+    scaling need a ``reason`` (the coordinator refuses one without); creating
+    and setting a retention do not.
     """
 
-    requested_by: str
-    reason: str | None = None
-
-    def fields(self) -> _AuditFields:
-        """The two audit fields of every change's request body."""
-        return {"requested_by": self.requested_by, "reason": self.reason}
-
-
-class _AuditFields(TypedDict):
     requested_by: str
     reason: str | None
 
@@ -126,7 +116,7 @@ async def create_stream(
 ) -> StreamCreateResponse:
     """``createStreamGroup``: 201, or ``CoordinatorError`` 409 ``STREAM_ALREADY_EXISTS``."""
     body = _CreateStream(
-        initial_shard_count=shards, ordering=ordering, retention=retention, **audit.fields()
+        initial_shard_count=shards, ordering=ordering, retention=retention, **audit
     )
     return await client._call("POST", _stream_path(stream_prefix), StreamCreateResponse, body=body)
 
@@ -143,7 +133,7 @@ async def create_group(
     Without ``shards`` the group takes the stream's shards (or the
     coordinator's default for a new stream).
     """
-    body = CreateGroupRequest(initial_shard_count=shards, **audit.fields())
+    body = CreateGroupRequest(initial_shard_count=shards, **audit)
     return await _group_call(client, "POST", stream_prefix, group, body)
 
 
@@ -151,7 +141,7 @@ async def delete_group(
     client: CoordinatorClient, stream_prefix: str, group: str, audit: Audit, *, force: bool = False
 ) -> GroupResponse:
     """``deleteCoordinatorGroup``: the group as it was; 422 while it has members."""
-    body = DeleteGroupRequest(force=force, **audit.fields())
+    body = DeleteGroupRequest(force=force, **audit)
     return await _group_call(client, "DELETE", stream_prefix, group, body)
 
 
@@ -171,7 +161,7 @@ async def scale_stream(
     ordering: Ordering | None = None,
 ) -> StreamScaleResponse:
     """``scaleStreamShards``: 202 with one migration per group."""
-    body = _ScaleStream(target_shard_count=shards, ordering=ordering, **audit.fields())
+    body = _ScaleStream(target_shard_count=shards, ordering=ordering, **audit)
     path = _stream_path(stream_prefix, "scale")
     return await client._call("POST", path, StreamScaleResponse, body=body)
 
@@ -186,7 +176,7 @@ async def set_retention(
     client: CoordinatorClient, stream_prefix: str, retention: Retention, audit: Audit
 ) -> RetentionAnswer:
     """``setStreamRetention``: the stream's retention from now on (both None: none)."""
-    body = _SetRetention(**retention.model_dump(), **audit.fields())
+    body = _SetRetention(**retention.model_dump(), **audit)
     path = _stream_path(stream_prefix, "retention")
     return await client._call("PUT", path, RetentionAnswer, body=body)
 

@@ -82,7 +82,7 @@ async def _provision_one(
                 raise
             unchecked = unchecked or exc.status_code != 404
             missing.append(group)
-    audit = Audit(requested_by, reason="declared by the app")
+    audit = Audit(requested_by=requested_by, reason="declared by the app")
     if missing or not declared.groups:
         try:
             await create_stream(client, prefix, declared.shards, audit)

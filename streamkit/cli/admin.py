@@ -84,7 +84,8 @@ def _admin(
 
     async def call() -> T:
         async with CoordinatorClient.from_settings(settings) as client:
-            return await work(client, Audit(requested_by(settings.coordinator_username), reason))
+            who = requested_by(settings.coordinator_username)
+            return await work(client, Audit(requested_by=who, reason=reason))
 
     try:
         return run_async(call)
