@@ -11,7 +11,7 @@ from __future__ import annotations
 import getpass
 import re
 import socket
-from typing import Final, Literal
+from typing import Final, Literal, TypedDict
 from urllib.parse import quote
 
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
@@ -28,6 +28,7 @@ from streamkit.protocol import (
 )
 
 __all__ = [
+    "Audit",
     "Ordering",
     "Retention",
     "RetentionAnswer",
@@ -64,6 +65,18 @@ class RetentionAnswer(WireModel):
     source: str
 
 
+class Audit(TypedDict):
+    """Who asks for a change and why: the coordinator's audit log keeps both.
+
+    Spread into each change's request body (``**audit``).  Deleting and
+    scaling need a ``reason`` (the coordinator refuses one without); creating
+    and setting a retention do not.
+    """
+
+    requested_by: str
+    reason: str | None
+
+
 class _SetRetention(Retention):
     requested_by: str
     reason: str | None = None
@@ -88,27 +101,22 @@ def requested_by(username: str | None = None) -> str:
     return f"{username} ({where})" if username else where
 
 
-def _stream_path(stream_prefix: str) -> str:
-    return f"{API_PREFIX}/streams/{quote(stream_prefix, safe='')}"
+def _stream_path(stream_prefix: str, *rest: str) -> str:
+    return "/".join((f"{API_PREFIX}/streams/{quote(stream_prefix, safe='')}", *rest))
 
 
 async def create_stream(
     client: CoordinatorClient,
     stream_prefix: str,
     shards: int | None,
+    audit: Audit,
     *,
-    requested_by: str,
-    reason: str | None = None,
     ordering: Ordering | None = None,
     retention: Retention | None = None,
 ) -> StreamCreateResponse:
     """``createStreamGroup``: 201, or ``CoordinatorError`` 409 ``STREAM_ALREADY_EXISTS``."""
     body = _CreateStream(
-        initial_shard_count=shards,
-        requested_by=requested_by,
-        reason=reason,
-        ordering=ordering,
-        retention=retention,
+        initial_shard_count=shards, ordering=ordering, retention=retention, **audit
     )
     return await client._call("POST", _stream_path(stream_prefix), StreamCreateResponse, body=body)
 
@@ -117,75 +125,59 @@ async def create_group(
     client: CoordinatorClient,
     stream_prefix: str,
     group: str,
+    audit: Audit,
     shards: int | None = None,
-    *,
-    requested_by: str,
-    reason: str | None = None,
 ) -> GroupResponse:
     """``createCoordinatorGroup``: 201, or 409 ``GROUP_ALREADY_EXISTS``.
 
     Without ``shards`` the group takes the stream's shards (or the
     coordinator's default for a new stream).
     """
-    body = CreateGroupRequest(initial_shard_count=shards, requested_by=requested_by, reason=reason)
-    path = client.group_path(stream_prefix, group)
-    return await client._call("POST", path, GroupResponse, body=body)
+    body = CreateGroupRequest(initial_shard_count=shards, **audit)
+    return await _group_call(client, "POST", stream_prefix, group, body)
 
 
 async def delete_group(
-    client: CoordinatorClient,
-    stream_prefix: str,
-    group: str,
-    *,
-    requested_by: str,
-    reason: str,
-    force: bool = False,
+    client: CoordinatorClient, stream_prefix: str, group: str, audit: Audit, *, force: bool = False
 ) -> GroupResponse:
     """``deleteCoordinatorGroup``: the group as it was; 422 while it has members."""
-    body = DeleteGroupRequest(requested_by=requested_by, reason=reason, force=force)
+    body = DeleteGroupRequest(force=force, **audit)
+    return await _group_call(client, "DELETE", stream_prefix, group, body)
+
+
+async def _group_call(
+    client: CoordinatorClient, method: str, stream_prefix: str, group: str, body: WireModel
+) -> GroupResponse:
     path = client.group_path(stream_prefix, group)
-    return await client._call("DELETE", path, GroupResponse, body=body)
+    return await client._call(method, path, GroupResponse, body=body)
 
 
 async def scale_stream(
     client: CoordinatorClient,
     stream_prefix: str,
     shards: int,
+    audit: Audit,
     *,
-    requested_by: str,
-    reason: str,
     ordering: Ordering | None = None,
 ) -> StreamScaleResponse:
     """``scaleStreamShards``: 202 with one migration per group."""
-    body = _ScaleStream(
-        target_shard_count=shards, requested_by=requested_by, reason=reason, ordering=ordering
-    )
-    path = f"{_stream_path(stream_prefix)}/scale"
+    body = _ScaleStream(target_shard_count=shards, ordering=ordering, **audit)
+    path = _stream_path(stream_prefix, "scale")
     return await client._call("POST", path, StreamScaleResponse, body=body)
 
 
 async def get_retention(client: CoordinatorClient, stream_prefix: str) -> RetentionAnswer:
     """``getStreamRetention`` (role ``READ``): 404 ``STREAM_NOT_FOUND`` for an unknown stream."""
-    path = f"{_stream_path(stream_prefix)}/retention"
+    path = _stream_path(stream_prefix, "retention")
     return await client._call("GET", path, RetentionAnswer)
 
 
 async def set_retention(
-    client: CoordinatorClient,
-    stream_prefix: str,
-    retention: Retention,
-    *,
-    requested_by: str,
-    reason: str | None = None,
+    client: CoordinatorClient, stream_prefix: str, retention: Retention, audit: Audit
 ) -> RetentionAnswer:
     """``setStreamRetention``: the stream's retention from now on (both None: none)."""
-    body = _SetRetention(
-        max_age_ms=retention.max_age_ms,
-        max_length=retention.max_length,
-        requested_by=requested_by,
-        reason=reason,
-    )
-    path = f"{_stream_path(stream_prefix)}/retention"
+    body = _SetRetention(**retention.model_dump(), **audit)
+    path = _stream_path(stream_prefix, "retention")
     return await client._call("PUT", path, RetentionAnswer, body=body)
 
 

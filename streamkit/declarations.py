@@ -10,6 +10,7 @@ Spring Kafka creates its ``NewTopic`` beans at start-up; see
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -20,13 +21,12 @@ from streamkit.consumer.failure import FailurePolicy
 from streamkit.consumer.idempotence import Idempotence
 from streamkit.consumer.lifecycle import ShardLifecycle
 from streamkit.consumer.listener import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_BLOCK_MS,
     Listener,
     ListenerConfigError,
     MessageHandler,
     _check_name,
 )
+from streamkit.consumer.options import DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_MS
 from streamkit.middleware import Middleware
 from streamkit.publisher.encoding import PAYLOAD_FIELD, PartitionKey
 from streamkit.publisher.publisher import Publisher
@@ -153,7 +153,7 @@ class AppDeclarations:
         lifecycle: ShardLifecycle | None = None,
         batch: bool | None = None,
         failure_policy: FailurePolicy | None = None,
-        payload_field: str = "payload",
+        payload_field: str = PAYLOAD_FIELD,
         shards: int | None = None,
         idempotent: bool | Idempotence = False,
     ) -> Callable[[F], F]:
@@ -177,32 +177,29 @@ class AppDeclarations:
         exactly once with the ack (docs/consumer.md, "Idempotency").
         Returns the handler unchanged.
         """
-        options: dict[str, Any] = {
-            "stream_prefix": stream_prefix,
-            "group": group,
-            "concurrency": concurrency,
-            "lifecycle": lifecycle,
-            "batch_size": batch_size,
-            "max_in_flight": max_in_flight,
-            "block_ms": block_ms,
-            "failure_policy": failure_policy,
-            "payload_field": payload_field,
-            "idempotent": idempotent,
-        }
-        # Validate now, so a bad declaration fails even before a handler is given.
-        Listener.create(handler=_placeholder, **options)
+        declare = functools.partial(
+            Listener.create,
+            stream_prefix=stream_prefix,
+            group=group,
+            concurrency=concurrency,
+            lifecycle=lifecycle,
+            batch_size=batch_size,
+            max_in_flight=max_in_flight,
+            block_ms=block_ms,
+            ordered=ordered,
+            claim_pending=claim_pending,
+            failure_policy=failure_policy,
+            payload_field=payload_field,
+            idempotent=idempotent,
+        )
+        # Validate now, so a bad declaration fails even before a handler is
+        # given; batch and auto_ack are checked against the handler itself.
+        declare(handler=_placeholder, batch=None, auto_ack=None)
         if shards is not None:
             self.stream(stream_prefix, shards=shards)
 
         def register(handler: F) -> F:
-            listener = Listener.create(
-                handler=handler,
-                batch=batch,
-                ordered=ordered,
-                auto_ack=auto_ack,
-                claim_pending=claim_pending,
-                **options,
-            )
+            listener = declare(handler=handler, batch=batch, auto_ack=auto_ack)
             self._add(listener)
             return handler
 
@@ -221,12 +218,8 @@ class AppDeclarations:
         The hooks get a ``ShardContext`` (member id, epoch, Redis client,
         stream keys, ``may_read``); see ``ShardLifecycle`` for the rules.
         """
-        listener = Listener.create(
-            stream_prefix=stream_prefix,
-            group=group,
-            concurrency=concurrency,
-            lifecycle=lifecycle,
-            require_handler=False,
+        listener = Listener.for_lifecycle(
+            stream_prefix=stream_prefix, group=group, lifecycle=lifecycle, concurrency=concurrency
         )
         self._add(listener)
         return listener

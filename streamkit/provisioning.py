@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from streamkit.admin import create_group, create_stream, is_conflict
+from streamkit.admin import Audit, create_group, create_stream, is_conflict
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
 from streamkit.declarations import StreamDeclaration
 from streamkit.errors import StreamkitError
@@ -82,12 +82,10 @@ async def _provision_one(
                 raise
             unchecked = unchecked or exc.status_code != 404
             missing.append(group)
-    reason = "declared by the app"
+    audit = Audit(requested_by=requested_by, reason="declared by the app")
     if missing or not declared.groups:
         try:
-            await create_stream(
-                client, prefix, declared.shards, requested_by=requested_by, reason=reason
-            )
+            await create_stream(client, prefix, declared.shards, audit)
             outcome.created_stream = True
         except CoordinatorError as exc:
             if exc.status_code in _REFUSED and unchecked:
@@ -97,9 +95,7 @@ async def _provision_one(
                 raise _cannot_create(declared, None, username, exc) from None
     for group in missing:
         try:
-            found[group] = await create_group(
-                client, prefix, group, requested_by=requested_by, reason=reason
-            )
+            found[group] = await create_group(client, prefix, group, audit)
             outcome.created_groups.append(group)
         except CoordinatorError as exc:
             if not is_conflict(exc, "GROUP_ALREADY_EXISTS"):  # else: another process was first

@@ -17,12 +17,14 @@ from streamkit.cli.common import EXIT_FAILED, fail, load_settings, run_async
 from streamkit.cli.output import echo, echo_json
 
 if TYPE_CHECKING:
+    from streamkit.admin import Audit
     from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
-    from streamkit.protocol import GroupResponse
+    from streamkit.protocol import GroupResponse, WireModel
 
 __all__ = ["group", "stream"]
 
 T = TypeVar("T")
+W = TypeVar("W", bound="WireModel")
 
 stream = typer.Typer(
     name="stream",
@@ -65,17 +67,25 @@ _Ordering = Annotated[
 
 
 def _admin(
-    what: str, work: Callable[[CoordinatorClient, str], Awaitable[T]], role: str = "WRITE"
+    what: str,
+    work: Callable[[CoordinatorClient, Audit], Awaitable[T]],
+    *,
+    reason: str | None = None,
+    role: str = "WRITE",
 ) -> T:
-    """Run ``work(client, requested_by)``; a refusal becomes one ``error:`` line."""
-    from streamkit.admin import requested_by
+    """Run ``work(client, audit)``; a refusal becomes one ``error:`` line.
+
+    ``audit`` names who runs the command (``requested_by``) and ``reason``.
+    """
+    from streamkit.admin import Audit, requested_by
     from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
 
     settings = load_settings(quiet=True)
 
     async def call() -> T:
         async with CoordinatorClient.from_settings(settings) as client:
-            return await work(client, requested_by(settings.coordinator_username))
+            who = requested_by(settings.coordinator_username)
+            return await work(client, Audit(requested_by=who, reason=reason))
 
     try:
         return run_async(call)
@@ -119,6 +129,18 @@ def _print(as_json: bool, document: Any, lines: list[str]) -> None:
             echo(line)
 
 
+def _change(
+    what: str,
+    work: Callable[[CoordinatorClient, Audit], Awaitable[W]],
+    reason: str | None,
+    as_json: bool,
+    done: Callable[[W], str],
+) -> None:
+    """A one-request change: its answer as JSON, or the line ``done(answer)``."""
+    answer = _admin(what, work, reason=reason)
+    _print(as_json, answer.to_wire(), [done(answer)])
+
+
 # -- streams -----------------------------------------------------------------------
 
 
@@ -140,22 +162,14 @@ def stream_create(
 
     checked = _ordering(ordering)
     retention = _retention(max_age, max_length) if max_age or max_length else None
-    created = _admin(
+    _change(
         f"creating stream {name!r}",
-        lambda client, who: create_stream(
-            client,
-            name,
-            shards,
-            requested_by=who,
-            reason=reason,
-            ordering=checked,
-            retention=retention,
+        lambda client, audit: create_stream(
+            client, name, shards, audit, ordering=checked, retention=retention
         ),
-    )
-    _print(
+        reason,
         as_json,
-        created.to_wire(),
-        [f"created stream {name!r} with {created.shard_count} shards"],
+        lambda created: f"created stream {name!r} with {created.shard_count} shards",
     )
 
 
@@ -207,14 +221,8 @@ def stream_scale(
     checked = _ordering(ordering)
     scaled = _admin(
         f"scaling stream {name!r}",
-        lambda client, who: scale_stream(
-            client,
-            name,
-            shards,
-            requested_by=who,
-            reason=reason or f"streamkit stream scale {name} {shards}",
-            ordering=checked,
-        ),
+        lambda client, audit: scale_stream(client, name, shards, audit, ordering=checked),
+        reason=reason or f"streamkit stream scale {name} {shards}",
     )
     groups = ", ".join(repr(g) for g in scaled.affected_consumer_groups)
     lines = [f"scaling stream {name!r} to {shards} shards (groups {groups})"]
@@ -238,19 +246,16 @@ def stream_delete(
     if not names:
         fail(f"stream {name!r} has no consumer groups (`streamkit stream list`)", EXIT_FAILED)
 
-    async def work(client: CoordinatorClient, who: str) -> list[str]:
+    async def work(client: CoordinatorClient, audit: Audit) -> list[str]:
         for group_name in names:
-            await delete_group(
-                client,
-                name,
-                group_name,
-                requested_by=who,
-                reason=reason or f"streamkit stream delete {name}",
-                force=force,
-            )
+            await delete_group(client, name, group_name, audit, force=force)
         return names
 
-    deleted = _admin(f"deleting the groups of stream {name!r}", work)
+    deleted = _admin(
+        f"deleting the groups of stream {name!r}",
+        work,
+        reason=reason or f"streamkit stream delete {name}",
+    )
     lines = [f"deleted group {g!r} of stream {name!r}" for g in deleted]
     lines.append(
         f"the shard streams {name}:* and their entries stay in Redis (the coordinator has no "
@@ -279,20 +284,15 @@ def stream_retention(
     if not none and not max_age and max_length is None:
         answer = _admin(
             f"reading the retention of stream {name!r}",
-            lambda client, _who: get_retention(client, name),
+            lambda client, _audit: get_retention(client, name),
             role="READ",
         )
     else:
         retention = Retention() if none else _retention(max_age, max_length)
         answer = _admin(
             f"setting the retention of stream {name!r}",
-            lambda client, who: set_retention(
-                client,
-                name,
-                retention,
-                requested_by=who,
-                reason=reason or f"streamkit stream retention {name}",
-            ),
+            lambda client, audit: set_retention(client, name, retention, audit),
+            reason=reason or f"streamkit stream retention {name}",
         )
     shown = _describe(answer.effective)
     where = {"stream": "its own", "default": "the coordinator's default", "none": "none set"}
@@ -349,16 +349,14 @@ def group_create(
     """Create a consumer group on a stream (the stream too, if it is new)."""
     from streamkit.admin import create_group
 
-    created = _admin(
+    _change(
         f"creating group {name!r} of stream {stream_name!r}",
-        lambda client, who: create_group(
-            client, stream_name, name, shards, requested_by=who, reason=reason
-        ),
-    )
-    _print(
+        lambda client, audit: create_group(client, stream_name, name, audit, shards),
+        reason,
         as_json,
-        created.to_wire(),
-        [f"created group {name!r} on stream {stream_name!r} ({created.shard_count} shards)"],
+        lambda created: (
+            f"created group {name!r} on stream {stream_name!r} ({created.shard_count} shards)"
+        ),
     )
 
 
@@ -390,24 +388,19 @@ def group_delete(
     """Delete a consumer group (refused while it has live members, unless --force)."""
     from streamkit.admin import delete_group
 
-    deleted = _admin(
+    _change(
         f"deleting group {name!r} of stream {stream_name!r}",
-        lambda client, who: delete_group(
-            client,
-            stream_name,
-            name,
-            requested_by=who,
-            reason=reason or f"streamkit group delete {stream_name} {name}",
-            force=force,
-        ),
+        lambda client, audit: delete_group(client, stream_name, name, audit, force=force),
+        reason or f"streamkit group delete {stream_name} {name}",
+        as_json,
+        lambda _deleted: f"deleted group {name!r} of stream {stream_name!r}",
     )
-    _print(as_json, deleted.to_wire(), [f"deleted group {name!r} of stream {stream_name!r}"])
 
 
 def _groups(stream_name: str | None) -> list[GroupResponse]:
     """Every group (of ``stream_name``), sorted (role READ)."""
 
-    async def work(client: CoordinatorClient, _who: str) -> list[GroupResponse]:
+    async def work(client: CoordinatorClient, _audit: Audit) -> list[GroupResponse]:
         listing = await client.list_groups()
         return sorted(
             (g for g in listing.groups if stream_name in (None, g.stream_prefix)),

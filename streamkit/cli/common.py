@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, NoReturn, TypeVar
 
 import typer
 
@@ -23,6 +23,9 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_USAGE",
     "LOG_LEVELS",
+    "CoordinatorPortOption",
+    "RedisClusterOption",
+    "RedisUrlOption",
     "check_log_level",
     "configure_logging",
     "debug_enabled",
@@ -39,6 +42,16 @@ EXIT_USAGE = 2
 #: It started and failed.
 EXIT_FAILED = 1
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+# The options of the commands that run services locally (demo, dev): one
+# spelling of each flag and its help (streamkit.demo.services.LocalServices).
+RedisUrlOption = Annotated[
+    str | None, typer.Option(help="Use this Redis instead of a private redis-server.")
+]
+RedisClusterOption = Annotated[bool, typer.Option(help="--redis-url is a cluster node.")]
+CoordinatorPortOption = Annotated[
+    int | None, typer.Option(min=1, max=65535, help="Coordinator port (default: a free one).")
+]
 
 
 def debug_enabled() -> bool:

@@ -6,7 +6,12 @@ from typing import Annotated
 
 import typer
 
-from streamkit.cli.common import configure_logging
+from streamkit.cli.common import (
+    CoordinatorPortOption,
+    RedisClusterOption,
+    RedisUrlOption,
+    configure_logging,
+)
 
 __all__ = ["demo"]
 
@@ -21,10 +26,8 @@ def demo(
     shards: Annotated[int, typer.Option(min=1, help="Initial shards of the stream.")] = 8,
     scale_to: Annotated[int, typer.Option(min=1, help="Shards after the live reshard.")] = 12,
     rate: Annotated[float, typer.Option(min=1, help="Orders published per second.")] = 400.0,
-    redis_url: Annotated[
-        str | None, typer.Option(help="Use this Redis instead of a private redis-server.")
-    ] = None,
-    redis_cluster: Annotated[bool, typer.Option(help="--redis-url is a cluster node.")] = False,
+    redis_url: RedisUrlOption = None,
+    redis_cluster: RedisClusterOption = False,
     console: Annotated[
         bool,
         typer.Option(
@@ -32,10 +35,7 @@ def demo(
             help="Watch in the web console: wait for Enter before starting and before cleaning up.",
         ),
     ] = False,
-    port: Annotated[
-        int | None,
-        typer.Option(min=1, max=65535, help="Coordinator port (default: a free one)."),
-    ] = None,
+    port: CoordinatorPortOption = None,
     idempotent: Annotated[
         bool,
         typer.Option(
@@ -47,17 +47,16 @@ def demo(
     # Imported here: the demo needs the server extra and a source checkout.
     from streamkit.demo.run import DemoOptions
     from streamkit.demo.run import run as run_demo
+    from streamkit.demo.services import LocalServices
 
     configure_logging("warning")
     options = DemoOptions(
+        services=LocalServices(redis_url, redis_cluster, port),
         duration=duration,
-        redis_url=redis_url,
-        redis_cluster=redis_cluster,
         shards=shards,
         scale_to=scale_to,
         rate=rate,
         console=console,
-        port=port,
         idempotent=idempotent,
     )
     raise typer.Exit(run_demo(options))

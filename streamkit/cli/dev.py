@@ -7,7 +7,12 @@ from typing import Annotated
 
 import typer
 
-from streamkit.cli.common import configure_logging
+from streamkit.cli.common import (
+    CoordinatorPortOption,
+    RedisClusterOption,
+    RedisUrlOption,
+    configure_logging,
+)
 
 __all__ = ["dev"]
 
@@ -16,14 +21,9 @@ def dev(
     target: Annotated[
         str, typer.Argument(help="The app: 'module:attribute' (as for streamkit run).")
     ],
-    redis_url: Annotated[
-        str | None, typer.Option(help="Use this Redis instead of a private redis-server.")
-    ] = None,
-    redis_cluster: Annotated[bool, typer.Option(help="--redis-url is a cluster node.")] = False,
-    port: Annotated[
-        int | None,
-        typer.Option(min=1, max=65535, help="Coordinator port (default: a free one)."),
-    ] = None,
+    redis_url: RedisUrlOption = None,
+    redis_cluster: RedisClusterOption = False,
+    port: CoordinatorPortOption = None,
     env_file: Annotated[
         Path | None,
         typer.Option(
@@ -46,13 +46,8 @@ def dev(
     """
     configure_logging(log_level)
     from streamkit.demo.dev import DevOptions, run_dev
+    from streamkit.demo.services import LocalServices
 
-    options = DevOptions(
-        target=target,
-        redis_url=redis_url,
-        redis_cluster=redis_cluster,
-        port=port,
-        env_file=env_file,
-        http=http,
-    )
+    services = LocalServices(redis_url, redis_cluster, port)
+    options = DevOptions(target, services, env_file=env_file, http=http)
     raise typer.Exit(run_dev(options))

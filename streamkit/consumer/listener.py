@@ -24,9 +24,13 @@ from streamkit.consumer.handlers import (
 )
 from streamkit.consumer.idempotence import Idempotence
 from streamkit.consumer.lifecycle import ShardLifecycle
-from streamkit.consumer.options import PollerOptions
+from streamkit.consumer.options import (
+    IN_FLIGHT_BATCHES,
+    PollerOptions,
+)
 from streamkit.errors import StreamkitError
 from streamkit.publisher.decorator import PUBLISHED_BY
+from streamkit.publisher.encoding import PAYLOAD_FIELD
 
 __all__ = ["Listener", "ListenerConfigError", "MessageHandler"]
 
@@ -39,10 +43,6 @@ MessageHandler = Callable[..., Any]
 # characters make keys and logs ambiguous.
 _FORBIDDEN: Final = re.compile(r"[\s{}/%\x00-\x1f\x7f]")
 _MAX_NAME: Final = 200
-DEFAULT_BATCH_SIZE: Final = 100
-DEFAULT_BLOCK_MS: Final = 2_000
-#: Default in-flight budget of a member, in batches.
-IN_FLIGHT_BATCHES: Final = 4
 
 
 _ACKS_BEFORE_PUBLISHING: Final = (
@@ -81,6 +81,15 @@ def _unsafe_char(value: str) -> str | None:
     return None
 
 
+def _check_lifecycle(value: object) -> ShardLifecycle:
+    if not isinstance(value, ShardLifecycle):
+        raise ListenerConfigError(
+            f"lifecycle must implement ShardLifecycle (async on_assigned, on_revoked, "
+            f"on_lost), got {value!r}"
+        )
+    return value
+
+
 def _check_positive(what: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ListenerConfigError(f"{what} must be an integer >= 1, got {value!r}")
@@ -103,7 +112,7 @@ class Listener:
     #: None: the app-wide default (``FailurePolicy.from_settings``).
     failure_policy: FailurePolicy | None = None
     #: The field a typed handler's JSON payload is decoded from.
-    payload_field: str = "payload"
+    payload_field: str = PAYLOAD_FIELD
 
     @classmethod
     def create(
@@ -111,21 +120,25 @@ class Listener:
         *,
         stream_prefix: object,
         group: object,
-        concurrency: object = 1,
-        handler: object = None,
-        lifecycle: object = None,
-        batch_size: object = DEFAULT_BATCH_SIZE,
-        max_in_flight: object = None,
-        block_ms: object = DEFAULT_BLOCK_MS,
-        ordered: bool = True,
-        auto_ack: bool | None = None,
-        claim_pending: bool = True,
-        batch: bool | None = None,
-        failure_policy: object = None,
-        payload_field: object = "payload",
-        idempotent: object = False,
-        require_handler: bool = True,
+        concurrency: object,
+        handler: object,
+        lifecycle: object,
+        batch_size: object,
+        max_in_flight: object,
+        block_ms: object,
+        ordered: bool,
+        auto_ack: bool | None,
+        claim_pending: bool,
+        batch: bool | None,
+        failure_policy: object,
+        payload_field: object,
+        idempotent: object,
     ) -> Listener:
+        """A listener with a handler, every option checked.
+
+        No defaults here: ``StreamKit.stream_listener`` owns them (its
+        signature is the documented one) and passes every option.
+        """
         prefix = _check_name("stream_prefix", stream_prefix)
         consumer_group = _check_name("group", group)
         members = _check_positive("concurrency", concurrency)
@@ -136,21 +149,18 @@ class Listener:
             else _check_positive("max_in_flight", max_in_flight)
         )
         block = _check_positive("block_ms", block_ms)
-        if require_handler or handler is not None:
-            if not callable(handler):
-                raise ListenerConfigError(
-                    f"the handler of listener {prefix}/{consumer_group} must be callable, "
-                    f"got {handler!r}"
-                )
-        shape = None
-        if handler is not None:
-            try:
-                shape = inspect_handler(handler, batch)
-            except HandlerSignatureError as exc:
-                name = getattr(handler, "__qualname__", None) or type(handler).__name__
-                raise ListenerConfigError(
-                    f"handler {name} of listener {prefix}/{consumer_group}: {exc}"
-                ) from None
+        if not callable(handler):
+            raise ListenerConfigError(
+                f"the handler of listener {prefix}/{consumer_group} must be callable, "
+                f"got {handler!r}"
+            )
+        name = getattr(handler, "__qualname__", None) or type(handler).__name__
+        try:
+            shape = inspect_handler(handler, batch)
+        except HandlerSignatureError as exc:
+            raise ListenerConfigError(
+                f"handler {name} of listener {prefix}/{consumer_group}: {exc}"
+            ) from None
         if failure_policy is not None and not isinstance(failure_policy, FailurePolicy):
             raise ListenerConfigError(
                 f"failure_policy must be a FailurePolicy, got {failure_policy!r}"
@@ -164,12 +174,10 @@ class Listener:
             # A handler that never sees its messages cannot ack them; a batch
             # handler acks what it did not settle or fail; one whose result is
             # published is acked once that was published.
-            auto_ack = shape is not None and (
-                shape.batch or not shape.receives_messages or publishes
-            )
+            auto_ack = shape.batch or not shape.receives_messages or publishes
         elif not auto_ack and publishes:
             raise ListenerConfigError(_ACKS_BEFORE_PUBLISHING.format(f"{prefix}/{consumer_group}"))
-        elif not auto_ack and shape is not None and not shape.receives_messages:
+        elif not auto_ack and not shape.receives_messages:
             raise ListenerConfigError(
                 f"listener {prefix}/{consumer_group}: auto_ack=False, but the handler does not "
                 "receive its messages, so nothing could ever ack them"
@@ -184,26 +192,12 @@ class Listener:
             raise ListenerConfigError(
                 f"idempotent must be True, False or an Idempotence, got {idempotent!r}"
             )
-        if lifecycle is not None and not isinstance(lifecycle, ShardLifecycle):
-            raise ListenerConfigError(
-                f"lifecycle must implement ShardLifecycle (async on_assigned, on_revoked, "
-                f"on_lost), got {lifecycle!r}"
-            )
-        if handler is None and lifecycle is None:
-            raise ListenerConfigError(
-                f"listener {prefix}/{consumer_group} needs a handler or a lifecycle"
-            )
-        name = (
-            getattr(handler, "__qualname__", None) or type(handler).__name__
-            if handler is not None
-            else type(lifecycle).__name__
-        )
         return cls(
             stream_prefix=prefix,
             consumer_group=consumer_group,
             concurrency=members,
             handler=handler,
-            lifecycle=lifecycle,
+            lifecycle=None if lifecycle is None else _check_lifecycle(lifecycle),
             options=PollerOptions(
                 batch_size=per_read,
                 max_in_flight=in_flight,
@@ -211,13 +205,29 @@ class Listener:
                 ordered=bool(ordered),
                 auto_ack=bool(auto_ack),
                 claim_pending=bool(claim_pending),
-                batch=shape is not None and shape.batch,
+                batch=shape.batch,
                 idempotence=idempotence,
             ),
             name=str(name),
             shape=shape,
             failure_policy=failure_policy,
             payload_field=payload_field,
+        )
+
+    @classmethod
+    def for_lifecycle(
+        cls, *, stream_prefix: object, group: object, lifecycle: object, concurrency: object
+    ) -> Listener:
+        """Members without the built-in poller: ``lifecycle`` does the reading."""
+        return cls(
+            stream_prefix=_check_name("stream_prefix", stream_prefix),
+            consumer_group=_check_name("group", group),
+            concurrency=_check_positive("concurrency", concurrency),
+            handler=None,
+            lifecycle=_check_lifecycle(lifecycle),
+            # The defaults, as before: no built-in poller reads for these members.
+            options=PollerOptions(),
+            name=type(lifecycle).__name__,
         )
 
     def check_publishes(self) -> None:

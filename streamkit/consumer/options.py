@@ -4,24 +4,37 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from streamkit.consumer.failure import FailurePolicy
 from streamkit.consumer.idempotence import Idempotence
 
-__all__ = ["PollerOptions", "ReadObserver"]
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_BLOCK_MS",
+    "IN_FLIGHT_BATCHES",
+    "PollerOptions",
+    "ReadObserver",
+]
+
+#: Entries per read, unless the listener says otherwise.
+DEFAULT_BATCH_SIZE: Final = 100
+#: Longest BLOCK of an idle read, in ms.
+DEFAULT_BLOCK_MS: Final = 2_000
+#: Default in-flight budget of a member, in batches.
+IN_FLIGHT_BATCHES: Final = 4
 
 _DEFAULT_POLICY = FailurePolicy()
 
 
 @dataclass(frozen=True, slots=True)
 class PollerOptions:
-    batch_size: int = 100
+    batch_size: int = DEFAULT_BATCH_SIZE
     #: Entries read but not yet handled, per member (the heartbeat reports it
     #: as runtimeMaxConcurrency).
-    max_in_flight: int = 400
+    max_in_flight: int = IN_FLIGHT_BATCHES * DEFAULT_BATCH_SIZE
     #: Longest BLOCK of an idle read; the lease may cut it shorter.
-    block_ms: int = 2_000
+    block_ms: int = DEFAULT_BLOCK_MS
     #: Handle a shard's entries one after another, in stream order.  False:
     #: a batch's handlers run concurrently.
     ordered: bool = True

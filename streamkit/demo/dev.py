@@ -21,10 +21,11 @@ import re
 import secrets
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from streamkit.demo.services import LocalServices
 from streamkit.errors import StreamkitError
 
 if TYPE_CHECKING:
@@ -53,9 +54,7 @@ class DevError(StreamkitError):
 @dataclass(frozen=True)
 class DevOptions:
     target: str
-    redis_url: str | None = None
-    redis_cluster: bool = False
-    port: int | None = None
+    services: LocalServices = field(default_factory=LocalServices)
     env_file: Path | None = None
     http: str | None = None
 
@@ -67,16 +66,17 @@ def run_dev(options: DevOptions) -> int:
 
     parse_target(options.target, "dev")  # a typo fails before anything starts
     # As would a taken port or settings file: before Redis starts, not after.
-    if options.port is not None:
-        _check_port(options.port)
+    services = options.services
+    if services.port is not None:
+        _check_port(services.port)
     if options.env_file is not None:
         _check_settings_file(options.env_file, options.target)
     with contextlib.ExitStack() as stack:
-        redis_url = options.redis_url or _private_redis(stack)
+        redis_url = services.redis_url or _private_redis(stack)
         password = secrets.token_urlsafe(12)
         coordinator = _coordinator(stack, redis_url, options, password)
-        settings = client_env(coordinator, redis_url, options.redis_cluster)
-        _announce(coordinator.url, redis_url, options.redis_url is None, password, settings)
+        settings = client_env(coordinator, redis_url, services.redis_cluster)
+        _announce(coordinator.url, redis_url, services.redis_url is None, password, settings)
         if options.env_file is not None:
             stack.enter_context(_settings_file(options.env_file, settings, options.target))
         # The app reads its settings when its module creates it: set them first.
@@ -92,7 +92,7 @@ def run_dev(options: DevOptions) -> int:
             )
             app.stream(prefix)
         status = serve_until_signalled(app, options.http)
-    what = "the coordinator and Redis" if options.redis_url is None else "the coordinator"
+    what = "the coordinator and Redis" if options.services.redis_url is None else "the coordinator"
     log.info("stopped the app, %s", what)
     return status
 
@@ -127,11 +127,11 @@ def _coordinator(
 
     process = CoordinatorProcess(
         redis_url,
-        cluster=options.redis_cluster,
+        cluster=options.services.redis_cluster,
         admin_password=password,
         # Generated once in Redis, as in production (not the tests' fixed secret).
         token_secret=None,
-        port=options.port,
+        port=options.services.port,
         heartbeat_interval_ms=_HEARTBEAT_MS,
         member_lease_ttl_ms=_LEASE_MS,
         rebalance_timeout_ms=_REBALANCE_MS,

@@ -34,6 +34,7 @@ from rich.table import Table
 from streamkit.connections import AsyncRedis, connect_redis
 from streamkit.coordinator_client import CoordinatorClient
 from streamkit.demo.dev import client_env
+from streamkit.demo.services import LocalServices
 from streamkit.errors import StreamkitError
 from streamkit.protocol import API_PREFIX
 from streamkit.publisher.publisher import Publisher, PublishError
@@ -57,17 +58,14 @@ HEARTBEAT_MS, LEASE_MS, ROUTING_LEASE_S = 500, 3_000, 2.0
 
 @dataclass
 class DemoOptions:
+    services: LocalServices = field(default_factory=LocalServices)
     duration: float = 60.0
-    redis_url: str | None = None
-    redis_cluster: bool = False
     shards: int = 8
     scale_to: int = 12
     rate: float = 400.0
     # Wait for Enter before the timeline and after the summary, so there is
     # time to open the console in a browser and look at the end state.
     console: bool = False
-    # Fixed coordinator port (None: a free one), e.g. to bookmark the console.
-    port: int | None = None
     # Idempotent publishes and billing listener (markers + staged effects).
     idempotent: bool = False
 
@@ -118,7 +116,7 @@ def run(options: DemoOptions, console: Console | None = None) -> int:
     console = console or Console()
     root = repo_root()
     with contextlib.ExitStack() as stack:
-        redis_url, cluster = options.redis_url, options.redis_cluster
+        redis_url, cluster = options.services.redis_url, options.services.redis_cluster
         if redis_url is None:
             console.print("[bold]starting a private redis-server[/] (embedded default)")
             redis_url = stack.enter_context(RedisServer()).url
@@ -129,7 +127,7 @@ def run(options: DemoOptions, console: Console | None = None) -> int:
                 redis_url,
                 cluster=cluster,
                 admin_password=password,
-                port=options.port,
+                port=options.services.port,
                 heartbeat_interval_ms=HEARTBEAT_MS,
                 member_lease_ttl_ms=LEASE_MS,
                 rebalance_timeout_ms=10_000,
@@ -231,7 +229,7 @@ async def _main(
             if reply.status_code not in (201, 409):
                 raise SystemExit(f"could not create {prefix}/{group}: {reply.text}")
         state.event(f"created stream {ORDERS} with {options.shards} shards")
-        redis = connect_redis(env["STREAMKIT_REDIS_URL"], cluster=options.redis_cluster)
+        redis = connect_redis(env["STREAMKIT_REDIS_URL"], cluster=options.services.redis_cluster)
         try:
             await redis.delete(BILLED)
             await redis.delete(DELIVERIES)
@@ -261,7 +259,7 @@ async def _run_timeline(
         coordinator_username=env["STREAMKIT_COORDINATOR_USERNAME"],
         coordinator_password=env["STREAMKIT_COORDINATOR_PASSWORD"],
         redis_url=env["STREAMKIT_REDIS_URL"],
-        redis_cluster=options.redis_cluster,
+        redis_cluster=options.services.redis_cluster,
         routing_refresh_interval=0.5,
         routing_lease=ROUTING_LEASE_S,
     )

@@ -61,16 +61,20 @@ class LoginResponse(WireModel):
 # --------------------------------------------------------------------------
 
 
-class CreateGroupRequest(WireModel):
+class _CreateRequest(WireModel):
+    # createStreamGroup and createCoordinatorGroup take the same body; each
+    # keeps its own class for its own schema name in the contract.
     initial_shard_count: PositiveInt32 | None = None
     requested_by: TextStr
     reason: TextStr | None = None
 
 
-class CreateStreamRequest(WireModel):
-    initial_shard_count: PositiveInt32 | None = None
-    requested_by: TextStr
-    reason: TextStr | None = None
+class CreateGroupRequest(_CreateRequest):
+    pass
+
+
+class CreateStreamRequest(_CreateRequest):
+    pass
 
 
 class StreamCreateResponse(WireModel):
@@ -79,13 +83,18 @@ class StreamCreateResponse(WireModel):
     metadata_version: Int64
 
 
-class DeleteGroupRequest(WireModel):
+class _AuditedChange(WireModel):
+    # Who asked and why, for the coordinator's audit log; both required.
     requested_by: TextStr
     reason: TextStr
+
+
+class DeleteGroupRequest(_AuditedChange):
     force: StrictBool = False
 
 
-class ScaleGroupRequest(WireModel):
+class _ScaleRequest(WireModel):
+    # Same body for a group's resharding and a stream's scale (as for creates).
     target_shard_count: NonNegInt32
     requested_by: TextStr
     reason: TextStr
@@ -94,16 +103,16 @@ class ScaleGroupRequest(WireModel):
     deprecated_after: IdStr | None = None
 
 
-class ScaleStreamRequest(WireModel):
-    target_shard_count: NonNegInt32
-    requested_by: TextStr
-    reason: TextStr
-    deprecated_after: IdStr | None = None
+class ScaleGroupRequest(_ScaleRequest):
+    pass
 
 
-class RollbackMigrationRequest(WireModel):
-    requested_by: TextStr
-    reason: TextStr
+class ScaleStreamRequest(_ScaleRequest):
+    pass
+
+
+class RollbackMigrationRequest(_AuditedChange):
+    pass
 
 
 class Migration(WireModel):

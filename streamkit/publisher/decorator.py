@@ -26,6 +26,8 @@ __all__ = ["PUBLISHED_BY", "Publishes", "publish_result", "publishes", "result_t
 
 P = ParamSpec("P")
 R = TypeVar("R")
+Q = ParamSpec("Q")
+T = TypeVar("T")
 
 #: Set on a decorated function: the publishers its results go to (outermost last).
 PUBLISHED_BY = "__streamkit_published_by__"
@@ -115,23 +117,6 @@ def result_type(function: Callable[..., Any]) -> Any:
     return annotation
 
 
-def publish_result(
-    publisher: Publishes,
-    key: Callable[[Any], PartitionKey],
-    *,
-    field: str = PAYLOAD_FIELD,
-    as_fields: bool = False,
-) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
-    """Deprecated: use ``@app.publisher(stream, group=..., key=...)`` (or ``publishes``)."""
-    warnings.warn(
-        "publish_result is deprecated: decorate with "
-        "@app.publisher(stream_prefix, group=..., key=...) instead",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return publishes(publisher, key, field=field, as_fields=as_fields)
-
-
 def _is_async(function: Callable[..., Any]) -> bool:
     call = getattr(function, "__call__", None)  # noqa: B004 - callable objects
     return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
@@ -139,3 +124,23 @@ def _is_async(function: Callable[..., Any]) -> bool:
 
 def _name(function: Callable[..., Any]) -> str:
     return getattr(function, "__qualname__", None) or type(function).__name__
+
+
+def _deprecated(function: Callable[Q, T], name: str, instead: str) -> Callable[Q, T]:
+    """``function`` under its old ``name``: the same signature, a warning per call."""
+
+    @functools.wraps(function)
+    def alias(*args: Q.args, **kwargs: Q.kwargs) -> T:
+        warnings.warn(f"{name} is deprecated: {instead}", DeprecationWarning, stacklevel=2)
+        return function(*args, **kwargs)
+
+    alias.__name__ = alias.__qualname__ = name
+    alias.__doc__ = f"Deprecated: {instead}."
+    return alias
+
+
+publish_result = _deprecated(
+    publishes,
+    "publish_result",
+    "decorate with @app.publisher(stream_prefix, group=..., key=...) instead",
+)

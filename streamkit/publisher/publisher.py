@@ -34,16 +34,35 @@ from streamkit.publisher.encoding import (
     field_args_at,
     json_payload,
 )
+
+# The publisher's errors are importable from here too (docs/producer.md): the
+# explicit re-export names them once, where they are defined (errors.__all__).
 from streamkit.publisher.errors import (
-    CoordinatorUnreachableError,
-    PublishBatchError,
-    PublisherClosedError,
-    PublishError,
-    PublisherStartupError,
-    RoutingUnavailable,
-    ShardStreamsMissing,
-    StaleRouteError,
-    UnknownGroupError,
+    CoordinatorUnreachableError as CoordinatorUnreachableError,
+)
+from streamkit.publisher.errors import (
+    PublishBatchError as PublishBatchError,
+)
+from streamkit.publisher.errors import (
+    PublisherClosedError as PublisherClosedError,
+)
+from streamkit.publisher.errors import (
+    PublishError as PublishError,
+)
+from streamkit.publisher.errors import (
+    PublisherStartupError as PublisherStartupError,
+)
+from streamkit.publisher.errors import (
+    RoutingUnavailable as RoutingUnavailable,
+)
+from streamkit.publisher.errors import (
+    ShardStreamsMissing as ShardStreamsMissing,
+)
+from streamkit.publisher.errors import (
+    StaleRouteError as StaleRouteError,
+)
+from streamkit.publisher.errors import (
+    UnknownGroupError as UnknownGroupError,
 )
 from streamkit.publisher.idempotence import (
     IDEMPOTENCY_FIELD,
@@ -62,21 +81,12 @@ from streamkit.settings import StreamKitSettings
 
 __all__ = [
     "PAYLOAD_FIELD",
-    "CoordinatorUnreachableError",
     "FieldValue",
     "Fields",
     "PartitionKey",
-    "PublishBatchError",
-    "PublishError",
     "PublishIdempotence",
     "PublishResult",
     "Publisher",
-    "PublisherClosedError",
-    "PublisherStartupError",
-    "RoutingUnavailable",
-    "ShardStreamsMissing",
-    "StaleRouteError",
-    "UnknownGroupError",
     "publish_result",
     "traceparent",
 ]

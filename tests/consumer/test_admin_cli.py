@@ -107,3 +107,20 @@ async def test_a_principal_without_write_is_told_which_role(
     line = await cli("stream", "create", prefix, code=2)
     assert "needs the WRITE role" in line and "principal 'viewer'" in line, line
     await cli("stream", "list")  # listing needs READ only: exit status 0
+
+
+@standalone
+async def test_retention_is_set_shown_and_cleared(
+    coordinator: Any, any_redis: RedisTarget, names: tuple[str, str]
+) -> None:
+    prefix, group = names
+    cli = cli_for(coordinator, any_redis)
+    await cli("group", "create", prefix, group, "--shards", "1")
+    assert await cli("stream", "retention", prefix, "--max-age", "7d", "--max-length", "50") == (
+        f"stream '{prefix}': retention max age 7d, max length 50 (its own)\n"
+    )
+    shown = json.loads(await cli("stream", "retention", prefix, "--json"))
+    assert shown["retention"] == {"maxAgeMs": 604_800_000, "maxLength": 50}, shown
+    assert shown["source"] == "stream", shown
+    cleared = await cli("stream", "retention", prefix, "--none", "--reason", "test")
+    assert cleared.startswith(f"stream '{prefix}': retention none"), cleared

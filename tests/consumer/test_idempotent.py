@@ -99,9 +99,11 @@ def test_effect_keys_must_share_the_shard_slot_on_a_cluster() -> None:
 
 
 def test_listener_refuses_a_bad_idempotent_value() -> None:
-    from streamkit.consumer.listener import Listener, ListenerConfigError
+    from streamkit import StreamKit
+    from streamkit.consumer.listener import ListenerConfigError
 
+    app = StreamKit(coordinator_url="http://coordinator:8080")
     with pytest.raises(ListenerConfigError, match="idempotent"):
-        Listener.create(stream_prefix="p", group="g", handler=lambda m: None, idempotent="yes")
+        app.stream_listener(stream_prefix="p", group="g", idempotent="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="marker_ttl"):
         Idempotence(marker_ttl=0)
