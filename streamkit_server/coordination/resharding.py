@@ -282,7 +282,7 @@ class ReshardingService:
                 stream_prefix, await self.service.load_groups(stream_prefix, names), record
             )
         finally:
-            await lock.release()
+            await lock.aclose()
 
     async def _finish_provisioning(
         self, prefix: str, rid: str, groups: Mapping[str, GroupMetadata], lock: StreamLock

@@ -203,7 +203,7 @@ class RetentionJanitor:
                         break
             return trims
         finally:
-            await lock.release()
+            await lock.aclose()
 
     def _export(
         self, prefix: str, policy: RetentionPolicy, trims: list[ShardTrim]
