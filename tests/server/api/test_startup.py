@@ -10,6 +10,7 @@ import pytest
 
 from streamkit.testing import free_port
 from streamkit_server.cli import parse_settings
+from streamkit_server.core import CoordinatorConfig
 from streamkit_server.settings import ServerSettings
 
 ENV_NAMES = {
@@ -118,6 +119,20 @@ def test_a_rebalance_timeout_members_cannot_meet_is_refused() -> None:
         ServerSettings(_env_file=None, rebalance_timeout_ms=19_999, **timings)  # type: ignore[call-arg]
     accepted = ServerSettings(_env_file=None, rebalance_timeout_ms=20_000, **timings)  # type: ignore[call-arg]
     assert accepted.coordinator_config().rebalance_timeout_ms == 20_000
+
+
+def test_the_core_gets_every_tunable_the_settings_expose() -> None:
+    # The settings default to the core's defaults and hand each value over by name.
+    assert ServerSettings(_env_file=None).coordinator_config() == CoordinatorConfig()  # type: ignore[call-arg]
+    tuned = {
+        "heartbeat_interval_ms": 1_000,
+        "member_lease_ttl_ms": 5_000,
+        "rebalance_timeout_ms": 7_000,
+        "producer_routing_lease_ms": 9_000,
+        "max_members_per_group": 17,
+    }
+    config = ServerSettings(_env_file=None, **tuned).coordinator_config()  # type: ignore[call-arg]
+    assert config == CoordinatorConfig(**tuned)
 
 
 @pytest.mark.parametrize(
