@@ -150,3 +150,12 @@ def test_blank_secret_fails_start_with_one_clear_line() -> None:
     assert result.returncode == 2
     assert "STREAMKIT_SERVER_ADMIN_PASSWORD is empty or blank" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_parts_start_creates_are_an_error_before_it() -> None:
+    from streamkit_server.runtime import Runtime
+
+    runtime = Runtime(ServerSettings(_env_file=None), "admin-password", None)  # type: ignore[call-arg]
+    for part in ("client", "token_versions", "service", "resharding", "dead_letters"):
+        with pytest.raises(RuntimeError, match="has not been started"):
+            getattr(runtime, part)
