@@ -24,7 +24,7 @@ from streamkit_server.api.bodies import (
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
 from streamkit_server.api.errors import CALLER_ERRORS, documented
 from streamkit_server.coordination import views
-from streamkit_server.core.retention import RetentionPolicy
+from streamkit_server.core.streams import StreamChoices
 from streamkit_server.errors import Rejected
 from streamkit_server.store.keys import GroupKeys
 from streamkit_server.store.provisioning import validate_stream_prefix
@@ -56,9 +56,10 @@ def _create(
     )
 
 
-def _retention(body: CreateStreamRequest | CreateGroupRequest) -> RetentionPolicy | None:
-    """The retention a create sets (None: the stream keeps, or gets, the default)."""
-    return None if body.retention is None else body.retention.policy()
+def _choices(body: CreateStreamRequest | CreateGroupRequest) -> StreamChoices:
+    """streamkit's extensions of a create (no retention: the stream keeps, or gets, the default)."""
+    retention = None if body.retention is None else body.retention.policy()
+    return StreamChoices(body.ordering, retention)
 
 
 @_create("/streams/{streamPrefix}", "createStreamGroup", StreamCreateResponse, "Stream exists.")
@@ -67,9 +68,7 @@ async def create_stream(
 ) -> JSONResponse:
     validate_stream_prefix(streamPrefix)
     async with audited(request):
-        result = await runtime(request).service.create_stream(
-            streamPrefix, body, body.ordering, _retention(body)
-        )
+        result = await runtime(request).service.create_stream(streamPrefix, body, _choices(body))
     return JSONResponse(result.to_wire(), status_code=201)
 
 
@@ -78,9 +77,7 @@ async def create_group(
     request: Request, keys: Keys, body: CreateGroupRequest, principal: Caller
 ) -> JSONResponse:
     async with audited(request):
-        result = await runtime(request).service.create_group(
-            keys, body, body.ordering, _retention(body)
-        )
+        result = await runtime(request).service.create_group(keys, body, _choices(body))
     return JSONResponse(result.to_wire(), status_code=201)
 
 
