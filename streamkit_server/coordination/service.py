@@ -45,6 +45,8 @@ from streamkit_server.core import (
 )
 from streamkit_server.core.streams import (
     StreamChoices,
+    StreamRecord,
+    common_layout,
     create_group_layout,
     record_with_group,
     record_without_group,
@@ -59,13 +61,7 @@ from streamkit_server.store.keys import GroupKeys, inside_key_prefix
 from streamkit_server.store.metadata import MetadataStore
 from streamkit_server.store.mutex import MutexTimeout
 from streamkit_server.store.provisioning import Provisioner
-from streamkit_server.store.streams import (
-    StreamLock,
-    StreamRecord,
-    common_layout,
-    read_record,
-    stream_group_names,
-)
+from streamkit_server.store.streams import StreamLock, read_record, stream_group_names
 
 __all__ = ["CoordinatorService"]
 

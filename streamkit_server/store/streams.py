@@ -27,18 +27,12 @@ import time
 from redis.exceptions import RedisError
 
 from streamkit.closing import AsyncClosing
-from streamkit_server.core.streams import Ordering, StreamRecord, common_layout
+from streamkit_server.core.streams import StreamRecord
 from streamkit_server.errors import CoordinatorError
 from streamkit_server.store.metadata import MetadataStore
 
-__all__ = [
-    "Ordering",
-    "StreamLock",
-    "StreamRecord",
-    "common_layout",
-    "read_record",
-    "stream_group_names",
-]
+# The record's rules live in core/streams.py: import them from there.
+__all__ = ["StreamLock", "read_record", "stream_group_names"]
 
 log = logging.getLogger("streamkit_server.streams")
 
