@@ -1,4 +1,5 @@
-"""``async with``, the same way for the app, the publisher and the coordinator client."""
+"""``async with``, the same way for the app, the publisher, the coordinator client and the
+coordinator's stream lock (a leaf: the server imports it too)."""
 
 from __future__ import annotations
 

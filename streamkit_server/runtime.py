@@ -7,7 +7,7 @@ import contextlib
 import logging
 import secrets
 import time
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from redis.exceptions import RedisError
 
@@ -57,14 +57,27 @@ def make_redis_client(settings: ServerSettings) -> RedisClient:
 _T = TypeVar("_T")
 
 
-def _started(value: _T | None) -> _T:
-    """What ``Runtime.start`` created; before it (or after a failed start) an error."""
-    if value is None:
-        raise RuntimeError("the coordinator runtime has not been started")
-    return value
+class _Started(Generic[_T]):
+    """A part ``Runtime.start`` creates, kept in ``_<name>``: reading it before the
+    start (or after a failed one) is an error, not a None to trip over later."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = f"_{name}"
+
+    def __get__(self, runtime: Runtime, owner: type | None = None) -> _T:
+        value: _T | None = getattr(runtime, self._slot)
+        if value is None:
+            raise RuntimeError("the coordinator runtime has not been started")
+        return value
 
 
 class Runtime:
+    client: _Started[RedisClient] = _Started()
+    token_versions: _Started[TokenVersions] = _Started()
+    service: _Started[CoordinatorService] = _Started()
+    resharding: _Started[ReshardingService] = _Started()
+    dead_letters: _Started[DeadLetters] = _Started()
+
     def __init__(
         self, settings: ServerSettings, admin_password: str, token_secret: bytes | None
     ) -> None:
@@ -97,29 +110,6 @@ class Runtime:
         self.metrics_listener: MetricsListener | None = None
         self._token_versions: TokenVersions | None = None
         self._watch_task: asyncio.Task[None] | None = None
-
-    @property
-    def client(self) -> RedisClient:
-        # Not ``_started``: mypy joins the Redis | RedisCluster union there.
-        if self._client is None:
-            return _started(None)
-        return self._client
-
-    @property
-    def token_versions(self) -> TokenVersions:
-        return _started(self._token_versions)
-
-    @property
-    def service(self) -> CoordinatorService:
-        return _started(self._service)
-
-    @property
-    def resharding(self) -> ReshardingService:
-        return _started(self._resharding)
-
-    @property
-    def dead_letters(self) -> DeadLetters:
-        return _started(self._dead_letters)
 
     async def start(self) -> None:
         self._client = make_redis_client(self.settings)

@@ -11,6 +11,7 @@ because it would look configured while protecting nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from pathlib import Path
 
@@ -28,6 +29,9 @@ from streamkit_server.core.retention import (
 from streamkit_server.store.keys import DEFAULT_KEY_PREFIX
 
 __all__ = ["ServerSettings"]
+
+#: The core's own defaults: a tunable the settings expose defaults to the same value.
+_CORE = CoordinatorConfig()
 
 
 class ServerSettings(BaseSettings):
@@ -114,12 +118,12 @@ class ServerSettings(BaseSettings):
         ),
     )
     heartbeat_interval_ms: int = Field(
-        default=3_000,
+        default=_CORE.heartbeat_interval_ms,
         ge=1,
         description="Heartbeat interval announced to members in every answer.",
     )
     member_lease_ttl_ms: int = Field(
-        default=15_000,
+        default=_CORE.member_lease_ttl_ms,
         ge=1,
         description=(
             "A member silent for longer than this is expired and its shards are "
@@ -127,7 +131,7 @@ class ServerSettings(BaseSettings):
         ),
     )
     rebalance_timeout_ms: int = Field(
-        default=60_000,
+        default=_CORE.rebalance_timeout_ms,
         ge=1,
         description=(
             "Time a member has to give up a shard it was asked to revoke before it is "
@@ -175,7 +179,7 @@ class ServerSettings(BaseSettings):
     # the clients, in seconds there): a removed shard is proven drained only
     # after this much time has passed since the layout switched.
     producer_routing_lease_ms: int = Field(
-        default=30_000,
+        default=_CORE.producer_routing_lease_ms,
         ge=0,
         description=(
             "The longest routing-cache lease any producer uses. After a layout change, a "
@@ -193,7 +197,7 @@ class ServerSettings(BaseSettings):
         ),
     )
     max_members_per_group: int = Field(
-        default=1_024,
+        default=_CORE.max_members_per_group,
         ge=1,
         le=65_536,
         description=(
@@ -447,13 +451,12 @@ class ServerSettings(BaseSettings):
         return host, port
 
     def coordinator_config(self) -> CoordinatorConfig:
-        return CoordinatorConfig(
-            heartbeat_interval_ms=self.heartbeat_interval_ms,
-            member_lease_ttl_ms=self.member_lease_ttl_ms,
-            rebalance_timeout_ms=self.rebalance_timeout_ms,
-            producer_routing_lease_ms=self.producer_routing_lease_ms,
-            max_members_per_group=self.max_members_per_group,
+        # Every core tunable these settings expose, under the same name: a new
+        # setting reaches the core without a line here.
+        exposed = {f.name for f in dataclasses.fields(CoordinatorConfig)} & set(
+            type(self).model_fields
         )
+        return CoordinatorConfig(**{name: getattr(self, name) for name in exposed})
 
     def default_retention(self) -> RetentionPolicy | None:
         """The retention of streams without their own (None: none)."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
+from fastapi.types import DecoratedCallable
 
 from streamkit.protocol import (
     API_PREFIX,
@@ -22,6 +24,7 @@ from streamkit_server.api.bodies import (
 from streamkit_server.api.deps import AUTHORIZE, Caller, group_keys, runtime
 from streamkit_server.api.errors import CALLER_ERRORS, documented
 from streamkit_server.coordination import views
+from streamkit_server.core.streams import StreamChoices
 from streamkit_server.errors import Rejected
 from streamkit_server.store.keys import GroupKeys
 from streamkit_server.store.provisioning import validate_stream_prefix
@@ -30,6 +33,8 @@ router = APIRouter(prefix=API_PREFIX, dependencies=[AUTHORIZE])
 
 Keys = Annotated[GroupKeys, Depends(group_keys)]
 
+_GROUP = "/streams/{streamPrefix}/groups/{consumerGroup}"
+
 _ERRORS = {
     400: "Invalid request.",
     **CALLER_ERRORS,
@@ -37,48 +42,47 @@ _ERRORS = {
 }
 
 
-@router.post(
-    "/streams/{streamPrefix}",
-    operation_id="createStreamGroup",
-    tags=["Groups"],
-    status_code=201,
-    response_model=StreamCreateResponse,
-    responses=documented({409: "Stream exists.", **_ERRORS}),
-)
+def _create(
+    path: str, operation_id: str, model: type[Any], exists: str
+) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    """``POST`` creating a stream or a group: ``201`` with it, ``409`` when it ``exists``."""
+    return router.post(
+        path,
+        operation_id=operation_id,
+        tags=["Groups"],
+        status_code=201,
+        response_model=model,
+        responses=documented({409: exists, **_ERRORS}),
+    )
+
+
+def _choices(body: CreateStreamRequest | CreateGroupRequest) -> StreamChoices:
+    """streamkit's extensions of a create (no retention: the stream keeps, or gets, the default)."""
+    retention = None if body.retention is None else body.retention.policy()
+    return StreamChoices(body.ordering, retention)
+
+
+@_create("/streams/{streamPrefix}", "createStreamGroup", StreamCreateResponse, "Stream exists.")
 async def create_stream(
     request: Request, streamPrefix: str, body: CreateStreamRequest, principal: Caller
 ) -> JSONResponse:
     validate_stream_prefix(streamPrefix)
     async with audited(request):
-        result = await runtime(request).service.create_stream(
-            streamPrefix,
-            body,
-            body.ordering,
-            None if body.retention is None else body.retention.policy(),
-        )
+        result = await runtime(request).service.create_stream(streamPrefix, body, _choices(body))
     return JSONResponse(result.to_wire(), status_code=201)
 
 
-@router.post(
-    "/streams/{streamPrefix}/groups/{consumerGroup}",
-    operation_id="createCoordinatorGroup",
-    tags=["Groups"],
-    status_code=201,
-    response_model=GroupResponse,
-    responses=documented({409: "Group exists.", **_ERRORS}),
-)
+@_create(_GROUP, "createCoordinatorGroup", GroupResponse, "Group exists.")
 async def create_group(
     request: Request, keys: Keys, body: CreateGroupRequest, principal: Caller
 ) -> JSONResponse:
     async with audited(request):
-        result = await runtime(request).service.create_group(
-            keys, body, body.ordering, None if body.retention is None else body.retention.policy()
-        )
+        result = await runtime(request).service.create_group(keys, body, _choices(body))
     return JSONResponse(result.to_wire(), status_code=201)
 
 
 @router.get(
-    "/streams/{streamPrefix}/groups/{consumerGroup}",
+    _GROUP,
     operation_id="getCoordinatorGroup",
     tags=["Groups"],
     response_model=GroupResponse,
@@ -90,7 +94,7 @@ async def get_group(request: Request, keys: Keys, principal: Caller) -> JSONResp
 
 
 @router.delete(
-    "/streams/{streamPrefix}/groups/{consumerGroup}",
+    _GROUP,
     operation_id="deleteCoordinatorGroup",
     tags=["Groups"],
     response_model=GroupResponse,
@@ -105,7 +109,7 @@ async def delete_group(
 
 
 @router.get(
-    "/streams/{streamPrefix}/groups/{consumerGroup}/producer-routing",
+    f"{_GROUP}/producer-routing",
     operation_id="getProducerRoutingMetadata",
     tags=["Producer Routing"],
     response_model=ProducerRoutingResponse,

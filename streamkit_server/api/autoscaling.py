@@ -58,6 +58,7 @@ async def autoscaling(
     group = await runtime(request).service.read_group(keys)
     window = await sampler(request).sample(group)
     advice = recommend(window, group.shard_count, concurrency, targetLag)
+    left, rate = advice.backlog, advice.throughput
     now = window[-1]
     body: dict[str, Any] = {
         "streamPrefix": group.stream_prefix,
@@ -68,14 +69,12 @@ async def autoscaling(
         "targetLag": targetLag,
         "shardCount": group.shard_count,
         "liveMembers": len(group.live_member_ids()),
-        "totalLag": advice.total_lag,
-        "totalPending": advice.total_pending,
-        "backlog": advice.total_lag + advice.total_pending,
-        "lagUnknownShards": list(advice.lag_unknown_shards),
-        "handledPerSecond": (
-            None if advice.handled_per_second is None else round(advice.handled_per_second, 3)
-        ),
-        "windowSeconds": round(advice.window_seconds, 3),
+        "totalLag": left.lag,
+        "totalPending": left.pending,
+        "backlog": left.total,
+        "lagUnknownShards": list(left.lag_unknown_shards),
+        "handledPerSecond": None if rate.per_second is None else round(rate.per_second, 3),
+        "windowSeconds": round(rate.window_seconds, 3),
         "sampledAtMs": now.at_ms,
         "shards": [{"shardIndex": s.shard, "lag": s.lag, "pending": s.pending} for s in now.shards],
     }

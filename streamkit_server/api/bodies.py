@@ -43,8 +43,8 @@ from streamkit_server.core.retention import (
     MAX_RETENTION_LENGTH,
     RetentionPolicy,
 )
+from streamkit_server.core.streams import Ordering
 from streamkit_server.store.provisioning import unsafe_char
-from streamkit_server.store.streams import Ordering
 
 # Named like the contract's schemas (and the models they extend), so the
 # served OpenAPI document keeps the reference's component names.

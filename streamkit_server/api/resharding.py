@@ -8,10 +8,12 @@ group's migration.  A rollback likewise applies to every group of the stream.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
+from fastapi.types import DecoratedCallable
 
 from streamkit.protocol import (
     API_PREFIX,
@@ -70,18 +72,31 @@ async def _scale(
         )
 
 
-@router.post(
+def _scale_route(
+    path: str, operation_id: str, model: type[Any], not_found: str, conflict: str
+) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    """``POST`` of a scale: ``202`` with the change started, ``422`` when nothing changes."""
+    return router.post(
+        path,
+        operation_id=operation_id,
+        status_code=202,
+        response_model=model,
+        responses=_errors(
+            {
+                404: not_found,
+                409: conflict,
+                422: "Shard count unchanged (SHARD_COUNT_UNCHANGED).",
+            }
+        ),
+    )
+
+
+@_scale_route(
     "/streams/{streamPrefix}/scale",
-    operation_id="scaleStreamShards",
-    status_code=202,
-    response_model=StreamScaleResponse,
-    responses=_errors(
-        {
-            404: "Stream not found (STREAM_NOT_FOUND).",
-            409: "Active migration (ACTIVE_MIGRATION_EXISTS), no groups, or foreign shard keys.",
-            422: "Shard count unchanged (SHARD_COUNT_UNCHANGED).",
-        }
-    ),
+    "scaleStreamShards",
+    StreamScaleResponse,
+    not_found="Stream not found (STREAM_NOT_FOUND).",
+    conflict="Active migration (ACTIVE_MIGRATION_EXISTS), no groups, or foreign shard keys.",
 )
 async def scale_stream(
     request: Request, streamPrefix: str, body: ScaleStreamRequest, principal: Caller
@@ -96,18 +111,12 @@ async def scale_stream(
     )
 
 
-@router.post(
+@_scale_route(
     f"{_GROUP}/scale",
-    operation_id="startGroupResharding",
-    status_code=202,
-    response_model=Migration,
-    responses=_errors(
-        {
-            404: "Group not found (GROUP_NOT_FOUND).",
-            409: "Active migration (ACTIVE_MIGRATION_EXISTS) or foreign shard keys.",
-            422: "Shard count unchanged (SHARD_COUNT_UNCHANGED).",
-        }
-    ),
+    "startGroupResharding",
+    Migration,
+    not_found="Group not found (GROUP_NOT_FOUND).",
+    conflict="Active migration (ACTIVE_MIGRATION_EXISTS) or foreign shard keys.",
 )
 async def scale_group(
     request: Request, keys: Keys, body: ScaleGroupRequest, principal: Caller

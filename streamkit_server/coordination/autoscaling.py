@@ -22,7 +22,7 @@ from redis.exceptions import NoPermissionError, RedisError, ResponseError
 from streamkit.routing import stream_key
 from streamkit_server.coordination.executor import now_ms
 from streamkit_server.coordination.service import CoordinatorService
-from streamkit_server.core.autoscaling import GroupSample, ShardSample, recommend
+from streamkit_server.core.autoscaling import GroupSample, ShardSample, throughput
 from streamkit_server.core.model import GroupMetadata
 from streamkit_server.observability.detail_gauges import DetailGauges
 from streamkit_server.store.records import RedisClient, StoreError
@@ -131,7 +131,7 @@ class LagSampler:
         key = (group.stream_prefix, group.consumer_group)
         sample = await read_sample(self.client, group, now_ms())
         window = self.history.add(key, sample)
-        rate = recommend(window, max(1, group.shard_count), 1, 1).handled_per_second
+        rate = throughput(window).per_second
         self.gauges.observe_sample(*key, sample, rate)
         return window
 

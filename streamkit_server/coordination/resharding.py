@@ -66,15 +66,10 @@ from streamkit_server.core.planner import (
     plan_provisioning,
     refuse_active,
 )
+from streamkit_server.core.streams import Ordering, common_layout
 from streamkit_server.errors import CoordinatorError, Rejected
 from streamkit_server.store.keys import GroupKeys
-from streamkit_server.store.streams import (
-    Ordering,
-    StreamLock,
-    common_layout,
-    read_record,
-    stream_group_names,
-)
+from streamkit_server.store.streams import StreamLock, read_record, stream_group_names
 
 __all__ = ["MAX_SHARD_COUNT", "ReshardingService", "ScaleOutcome"]
 
@@ -100,7 +95,8 @@ def core_step(keys: GroupKeys, step: _Step) -> Operation[GroupMetadata]:
 
 @dataclass(frozen=True, slots=True)
 class ScaleOutcome:
-    stream_prefix: str
+    """What a scale of the stream the caller named started."""
+
     target_shard_count: int
     resharding_id: str
     #: Every group of the stream, as written after the switch.
@@ -223,7 +219,7 @@ class ReshardingService:
             "stream %s: migration %s to %d shards (%s) switched for groups %s",
             stream_prefix, rid, target, "ordered" if ordered else "unordered", names,
         )  # fmt: skip
-        return ScaleOutcome(stream_prefix, target, rid, groups)
+        return ScaleOutcome(target, rid, groups)
 
     async def rollback(self, keys: GroupKeys, resharding_id: str) -> GroupMetadata:
         """Roll the migration back in every group of the stream, or in none."""
@@ -282,7 +278,7 @@ class ReshardingService:
                 stream_prefix, await self.service.load_groups(stream_prefix, names), record
             )
         finally:
-            await lock.release()
+            await lock.aclose()
 
     async def _finish_provisioning(
         self, prefix: str, rid: str, groups: Mapping[str, GroupMetadata], lock: StreamLock

@@ -43,10 +43,11 @@ from streamkit_server.core.retention import (
     format_duration,
     parse_id,
 )
+from streamkit_server.core.streams import StreamRecord
 from streamkit_server.errors import CoordinatorError, Rejected
 from streamkit_server.store import scripts
 from streamkit_server.store.records import RedisClient, StoreError
-from streamkit_server.store.streams import StreamRecord, read_record, stream_group_names
+from streamkit_server.store.streams import read_record, stream_group_names
 
 __all__ = [
     "RetentionJanitor",
@@ -203,7 +204,7 @@ class RetentionJanitor:
                         break
             return trims
         finally:
-            await lock.release()
+            await lock.aclose()
 
     def _export(
         self, prefix: str, policy: RetentionPolicy, trims: list[ShardTrim]

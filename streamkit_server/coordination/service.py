@@ -43,8 +43,10 @@ from streamkit_server.core import (
     GroupMetadata,
     WitnessSeen,
 )
-from streamkit_server.core.retention import RetentionPolicy
 from streamkit_server.core.streams import (
+    StreamChoices,
+    StreamRecord,
+    common_layout,
     create_group_layout,
     record_with_group,
     record_without_group,
@@ -59,14 +61,7 @@ from streamkit_server.store.keys import GroupKeys, inside_key_prefix
 from streamkit_server.store.metadata import MetadataStore
 from streamkit_server.store.mutex import MutexTimeout
 from streamkit_server.store.provisioning import Provisioner
-from streamkit_server.store.streams import (
-    Ordering,
-    StreamLock,
-    StreamRecord,
-    common_layout,
-    read_record,
-    stream_group_names,
-)
+from streamkit_server.store.streams import StreamLock, read_record, stream_group_names
 
 __all__ = ["CoordinatorService"]
 
@@ -176,11 +171,7 @@ class CoordinatorService:
             )
 
     async def create_stream(
-        self,
-        stream_prefix: str,
-        request: CreateStreamRequest,
-        ordering: Ordering | None = None,
-        retention: RetentionPolicy | None = None,
+        self, stream_prefix: str, request: CreateStreamRequest, choices: StreamChoices
     ) -> StreamCreateResponse:
         self._refuse_reserved(stream_prefix)
         count = request.initial_shard_count or self.settings.default_shard_count
@@ -192,7 +183,9 @@ class CoordinatorService:
             await self.provisioner.provision(stream_prefix, layout, None)
             await self._write_stream_record(
                 stream_prefix,
-                StreamRecord(tuple(layout), ordering or "none", retention=retention),
+                StreamRecord(
+                    tuple(layout), choices.ordering or "none", retention=choices.retention
+                ),
                 request.requested_by,
                 request.reason,
             )
@@ -201,11 +194,7 @@ class CoordinatorService:
         )
 
     async def create_group(
-        self,
-        keys: GroupKeys,
-        request: CreateGroupRequest,
-        ordering: Ordering | None = None,
-        retention: RetentionPolicy | None = None,
+        self, keys: GroupKeys, request: CreateGroupRequest, choices: StreamChoices
     ) -> GroupResponse:
         prefix = keys.stream_prefix
         self._refuse_reserved(prefix)
@@ -218,7 +207,7 @@ class CoordinatorService:
                 others,
                 request.initial_shard_count,
                 self.settings.default_shard_count,
-                ordering,
+                choices.ordering,
             )
             if fresh_layout:
                 await self._refuse_collisions(prefix, layout)
@@ -229,13 +218,15 @@ class CoordinatorService:
             await self.provisioner.provision(prefix, layout, keys.consumer_group)
             # The record names the group before its metadata exists, so a
             # stream-wide change can never miss it (see streams.py).
-            fresh = record_with_group(record, layout, ordering, keys.consumer_group, retention)
+            fresh = record_with_group(
+                record, layout, choices.ordering, keys.consumer_group, choices.retention
+            )
             if record is None:
                 await self._write_stream_record(prefix, fresh, request.requested_by, request.reason)
             else:
                 changed = fresh.layout_fields() if record.layout != fresh.layout else {}
                 # A retention given with the create is the stream's from now on.
-                own = fresh.retention_field() if retention is not None else {}
+                own = fresh.retention_field() if choices.retention is not None else {}
                 await self.store.update_stream_record(
                     prefix, {**changed, **fresh.groups_field(), **own}
                 )

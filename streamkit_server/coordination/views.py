@@ -245,11 +245,13 @@ class ShardFacts:
     node_endpoint: str | None
 
 
+def _known_sum(values: Sequence[int | None]) -> int | None:
+    """The sum, or None when one value is unknown: null never means zero."""
+    return None if None in values else sum(v for v in values if v is not None)
+
+
 def shard_offsets(group: GroupMetadata, facts: Sequence[ShardFacts]) -> StreamShardOffsetsResponse:
     rows = []
-    total_len = total_pending = total_memory = 0
-    total_lag: int | None = 0
-    memory_known = True
     for fact in facts:
         key = stream_key(group.stream_prefix, fact.shard)
         holder = group.owners.get(fact.shard)
@@ -269,22 +271,15 @@ def shard_offsets(group: GroupMetadata, facts: Sequence[ShardFacts]) -> StreamSh
                 owner_member_ids=[holder] if holder is not None else [],
             )
         )
-        total_len += fact.length
-        total_pending += fact.group_pending or 0
-        # One unknown lag makes the total unknown: null never means zero.
-        if total_lag is not None:
-            total_lag = None if fact.group_lag is None else total_lag + fact.group_lag
-        if fact.memory_bytes is None:
-            memory_known = False
-        else:
-            total_memory += fact.memory_bytes
+    memory = [fact.memory_bytes for fact in facts]
     return StreamShardOffsetsResponse(
         stream_prefix=group.stream_prefix,
         consumer_group=group.consumer_group,
         shards=rows,
-        total_stream_length=total_len,
-        total_pending_count=total_pending,
-        total_lag=total_lag,
-        total_memory_usage_bytes=total_memory,
-        memory_usage_known=memory_known,
+        total_stream_length=sum(fact.length for fact in facts),
+        total_pending_count=sum(fact.group_pending or 0 for fact in facts),
+        total_lag=_known_sum([fact.group_lag for fact in facts]),
+        # The known part, flagged: a partial memory total is still worth showing.
+        total_memory_usage_bytes=sum(m for m in memory if m is not None),
+        memory_usage_known=None not in memory,
     )

@@ -22,11 +22,15 @@ from dataclasses import dataclass
 __all__ = [
     "MAX_CONCURRENCY",
     "MAX_TARGET_LAG",
+    "Backlog",
     "GroupSample",
     "Recommendation",
     "ShardSample",
+    "Throughput",
+    "backlog",
     "handled_total",
     "recommend",
+    "throughput",
 ]
 
 #: Bounds of the two request parameters (validated before any Redis call).
@@ -45,6 +49,11 @@ class ShardSample:
     # None: the group has not read the stream yet (Redis reports nil).
     entries_read: int | None
 
+    @property
+    def handled(self) -> int:
+        """Entries the group has finished here: read and no longer pending."""
+        return (self.entries_read or 0) - self.pending
+
 
 @dataclass(frozen=True, slots=True)
 class GroupSample:
@@ -53,33 +62,54 @@ class GroupSample:
 
 
 @dataclass(frozen=True, slots=True)
-class Recommendation:
-    shard_count: int
-    concurrency: int
-    target_lag: int
-    total_lag: int
-    total_pending: int
-    # Shards whose lag Redis could not compute (left out of ``total_lag``).
+class Backlog:
+    """What one sample leaves the group to do."""
+
+    lag: int  # entries not delivered yet, on the shards whose lag is known
+    pending: int  # delivered, not acknowledged
+    # Shards whose lag Redis could not compute (left out of ``lag``).
     lag_unknown_shards: tuple[int, ...]
-    # Entries acknowledged per second over the window; None with one sample.
-    handled_per_second: float | None
+
+    @property
+    def total(self) -> int:
+        return self.lag + self.pending
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """Entries acknowledged per second over a window; None with one sample."""
+
+    per_second: float | None
     window_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    backlog: Backlog
+    throughput: Throughput
     max_useful_replicas: int
     recommended_replicas: int
 
 
 def handled_total(sample: GroupSample) -> int:
     """Entries the group has finished on these shards so far (read, not pending)."""
-    return sum(max(0, (s.entries_read or 0) - s.pending) for s in sample.shards)
+    return sum(max(0, s.handled) for s in sample.shards)
 
 
-def _throughput(samples: Sequence[GroupSample]) -> tuple[float | None, float]:
+def backlog(sample: GroupSample) -> Backlog:
+    known = [s.lag for s in sample.shards if s.lag is not None]
+    unknown = tuple(sorted(s.shard for s in sample.shards if s.lag is None))
+    return Backlog(sum(known), sum(s.pending for s in sample.shards), unknown)
+
+
+def throughput(samples: Sequence[GroupSample]) -> Throughput:
+    """What the group finished between the first and the last of ``samples``."""
     if len(samples) < 2:
-        return None, 0.0
+        return Throughput(None, 0.0)
     first, last = samples[0], samples[-1]
     seconds = (last.at_ms - first.at_ms) / 1000
     if seconds <= 0:
-        return None, 0.0
+        return Throughput(None, 0.0)
     # Only shards present in both: a shard added or retired in between would
     # count its whole history as handled in the window.
     before = {s.shard: s for s in first.shards}
@@ -87,10 +117,8 @@ def _throughput(samples: Sequence[GroupSample]) -> tuple[float | None, float]:
     for shard in last.shards:
         old = before.get(shard.shard)
         if old is not None:
-            now_done = (shard.entries_read or 0) - shard.pending
-            old_done = (old.entries_read or 0) - old.pending
-            done += max(0, now_done - old_done)
-    return done / seconds, seconds
+            done += max(0, shard.handled - old.handled)
+    return Throughput(done / seconds, seconds)
 
 
 def recommend(
@@ -107,24 +135,10 @@ def recommend(
         raise ValueError("recommend needs at least one sample")
     if concurrency < 1 or target_lag < 1:
         raise ValueError("concurrency and target_lag must be at least 1")
-    now = samples[-1]
-    lag = sum(s.lag for s in now.shards if s.lag is not None)
-    pending = sum(s.pending for s in now.shards)
-    unknown = tuple(sorted(s.shard for s in now.shards if s.lag is None))
-    rate, seconds = _throughput(samples)
+    left = backlog(samples[-1])
+    rate = throughput(samples)
     ceiling = math.ceil(shard_count / concurrency)
-    wanted = math.ceil((lag + pending) / target_lag)
-    if wanted == 0 and (unknown or (rate or 0) > 0):
+    wanted = math.ceil(left.total / target_lag)
+    if wanted == 0 and (left.lag_unknown_shards or (rate.per_second or 0) > 0):
         wanted = 1  # busy (or unknown) but keeping up: never scale a working group to zero
-    return Recommendation(
-        shard_count=shard_count,
-        concurrency=concurrency,
-        target_lag=target_lag,
-        total_lag=lag,
-        total_pending=pending,
-        lag_unknown_shards=unknown,
-        handled_per_second=rate,
-        window_seconds=seconds,
-        max_useful_replicas=ceiling,
-        recommended_replicas=min(wanted, ceiling),
-    )
+    return Recommendation(left, rate, ceiling, min(wanted, ceiling))

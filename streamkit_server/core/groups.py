@@ -48,10 +48,8 @@ def create_group(
     """A new group on the stream's current ``layout``; answers the group created."""
     if group is not None:
         raise group_already_exists(stream_prefix, consumer_group)
-    fresh = new_group(stream_prefix, consumer_group, len(layout), now_ms)
-    # The stream's current layout, which after an ordered reshard is not the
-    # identity new_group assumes.
-    created = fresh.model_copy(update={"layout": list(layout)})
+    # The stream's current layout, which after an ordered reshard is not the identity.
+    created = new_group(stream_prefix, consumer_group, len(layout), now_ms, layout)
     return Result(created, (GroupCreated(),), created)
 
 

@@ -22,6 +22,7 @@ place (its own copy), and it drops the index when it does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -362,14 +363,21 @@ class GroupMetadata(_Aggregate):
 
 
 def new_group(
-    stream_prefix: str, consumer_group: str, shard_count: int, now_ms: int
+    stream_prefix: str,
+    consumer_group: str,
+    shard_count: int,
+    now_ms: int,
+    layout: Sequence[int] = (),
 ) -> GroupMetadata:
+    """A group created at ``now_ms`` on ``layout`` (none: the identity ``0..shard_count-1``)."""
     if shard_count < 0:
         raise ValueError("shard_count must not be negative")
     return GroupMetadata(
         stream_prefix=stream_prefix,
         consumer_group=consumer_group,
         shard_count=shard_count,
+        # Validated against shard_count, like any layout the group is read with.
+        layout=list(layout),
         next_timeout_ms=NEVER_MS,
         created_at_ms=now_ms,
         updated_at_ms=now_ms,

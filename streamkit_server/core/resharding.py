@@ -184,10 +184,9 @@ def apply_drain_probe(
     (there is nothing left to read) and the next round retires it.
     """
     draft, migration = _opened(group, resharding_id, now_ms, config)
-    proven = {s for s, ok in drained.items() if ok and s in migration.removed_shards}
+    proven = _reported(migration, drained, True)
     if proven & set(draft.group.draining_shards):
-        draft.group.draining_shards = sorted(set(draft.group.draining_shards) - proven)
-        _shards_changed(draft)
+        _set_draining(draft, set(draft.group.draining_shards) - proven)
     return finished(draft)
 
 
@@ -205,16 +204,13 @@ def apply_retirement(
     assignable again and is drained once more.
     """
     draft, migration = _opened(group, resharding_id, now_ms, config)
-    done = sorted(s for s, ok in retired.items() if ok and s in migration.removed_shards)
-    again = sorted(s for s, ok in retired.items() if not ok and s in migration.removed_shards)
+    done = _reported(migration, retired, True)
+    again = _reported(migration, retired, False)
     if again:
-        draft.group.draining_shards = sorted(set(draft.group.draining_shards) | set(again))
-        _shards_changed(draft)
+        _set_draining(draft, set(draft.group.draining_shards) | again)
     if done:
         _update_migration(
-            draft,
-            resharding_id,
-            retired_shards=sorted(set(migration.retired_shards) | set(done)),
+            draft, resharding_id, retired_shards=sorted(set(migration.retired_shards) | done)
         )
     advance_migration(draft)
     return finished(draft)
@@ -312,6 +308,18 @@ def _shards_changed(draft: Draft) -> None:
     """Which shards may be assigned changed: saved, shown, and rebalanced at once."""
     draft.dirty = draft.observable = draft.membership_changed = True
     draft.rebalance()
+
+
+def _reported(migration: MigrationRecord, outcomes: Mapping[int, bool], ok: bool) -> set[int]:
+    """The shards Redis answered ``ok`` for, among those the migration removes: an
+    answer about any other shard does not concern this migration and changes nothing."""
+    return {s for s, result in outcomes.items() if result == ok and s in migration.removed_shards}
+
+
+def _set_draining(draft: Draft, shards: set[int]) -> None:
+    """``shards`` are the ones being drained from now on (none of them assignable)."""
+    draft.group.draining_shards = sorted(shards)
+    _shards_changed(draft)
 
 
 def _fresh_shards(group: GroupMetadata, count: int, avoid: Collection[int]) -> list[int]:

@@ -21,6 +21,7 @@ from .retention import RetentionPolicy
 __all__ = [
     "ORDERINGS",
     "Ordering",
+    "StreamChoices",
     "StreamRecord",
     "common_layout",
     "create_group_layout",
@@ -33,6 +34,14 @@ __all__ = [
 
 Ordering: TypeAlias = Literal["none", "key"]
 ORDERINGS: Final[tuple[Ordering, ...]] = ("none", "key")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChoices:
+    """What a create may choose for its stream besides the shard count (None: not chosen)."""
+
+    ordering: Ordering | None = None
+    retention: RetentionPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,22 +23,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from types import TracebackType
 
 from redis.exceptions import RedisError
 
-from streamkit_server.core.streams import Ordering, StreamRecord, common_layout
+from streamkit.closing import AsyncClosing
+from streamkit_server.core.streams import StreamRecord
 from streamkit_server.errors import CoordinatorError
 from streamkit_server.store.metadata import MetadataStore
 
-__all__ = [
-    "Ordering",
-    "StreamLock",
-    "StreamRecord",
-    "common_layout",
-    "read_record",
-    "stream_group_names",
-]
+# The record's rules live in core/streams.py: import them from there.
+__all__ = ["StreamLock", "read_record", "stream_group_names"]
 
 log = logging.getLogger("streamkit_server.streams")
 
@@ -62,7 +56,7 @@ async def stream_group_names(
     return sorted(names)
 
 
-class StreamLock:
+class StreamLock(AsyncClosing):
     """``async with StreamLock(...)``: wait for the lock (503 COORDINATOR_BUSY on timeout)."""
 
     def __init__(self, store: MetadataStore, stream_prefix: str, ttl_ms: int, wait_ms: int) -> None:
@@ -82,7 +76,8 @@ class StreamLock:
         self._renewal = asyncio.create_task(self._renew(), name=f"stream-lock-{self.key}")
         return True
 
-    async def __aenter__(self) -> StreamLock:
+    async def start(self) -> None:
+        """Wait for the lock, up to ``wait_ms``."""
         deadline = time.monotonic() + self.wait_ms / 1000
         while not await self.try_acquire():
             if time.monotonic() > deadline:
@@ -92,17 +87,9 @@ class StreamLock:
                     "shard retirement in progress); retry",
                 )
             await asyncio.sleep(0.01)
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.release()
-
-    async def release(self) -> None:
+    async def aclose(self) -> None:
+        """Release the lock (and stop renewing it)."""
         if self._renewal is not None:
             self._renewal.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -10,6 +10,7 @@ import pytest
 
 from streamkit.testing import free_port
 from streamkit_server.cli import parse_settings
+from streamkit_server.core import CoordinatorConfig
 from streamkit_server.settings import ServerSettings
 
 ENV_NAMES = {
@@ -120,6 +121,20 @@ def test_a_rebalance_timeout_members_cannot_meet_is_refused() -> None:
     assert accepted.coordinator_config().rebalance_timeout_ms == 20_000
 
 
+def test_the_core_gets_every_tunable_the_settings_expose() -> None:
+    # The settings default to the core's defaults and hand each value over by name.
+    assert ServerSettings(_env_file=None).coordinator_config() == CoordinatorConfig()  # type: ignore[call-arg]
+    tuned = {
+        "heartbeat_interval_ms": 1_000,
+        "member_lease_ttl_ms": 5_000,
+        "rebalance_timeout_ms": 7_000,
+        "producer_routing_lease_ms": 9_000,
+        "max_members_per_group": 17,
+    }
+    config = ServerSettings(_env_file=None, **tuned).coordinator_config()  # type: ignore[call-arg]
+    assert config == CoordinatorConfig(**tuned)
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [("ADMIN_PASSWORD", ""), ("ADMIN_PASSWORD", "  \t"), ("TOKEN_SECRET", " "),
@@ -135,3 +150,12 @@ def test_blank_secret_fails_start_with_one_clear_line() -> None:
     assert result.returncode == 2
     assert "STREAMKIT_SERVER_ADMIN_PASSWORD is empty or blank" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_parts_start_creates_are_an_error_before_it() -> None:
+    from streamkit_server.runtime import Runtime
+
+    runtime = Runtime(ServerSettings(_env_file=None), "admin-password", None)  # type: ignore[call-arg]
+    for part in ("client", "token_versions", "service", "resharding", "dead_letters"):
+        with pytest.raises(RuntimeError, match="has not been started"):
+            getattr(runtime, part)
