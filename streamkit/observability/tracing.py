@@ -15,6 +15,12 @@ does). The handler still runs inside the producer's (unsampled) context, so
 what it publishes or calls carries the same decision on.
 ``TracingMiddleware(follow_parent_sampling=False)`` asks the tracer for every
 entry instead, for a sampler that decides on consumer spans by itself.
+
+Inside a read that context is one per read, not one per entry (see
+``_DeliverySpan``): the entry's ``traceparent`` sits in a ContextVar of
+streamkit's, which a task the handler starts copies.  An OpenTelemetry
+``Context`` handed to another thread without the ContextVars (an explicit
+``attach`` there) names no parent for a sampled-out entry.
 """
 
 from __future__ import annotations
@@ -136,8 +142,6 @@ class _UnsampledParent(NonRecordingSpan):
         return self._parsed
 
 
-_new_parent: Final = object.__new__
-
 # The ``traceparent`` of the sampled-out entry being handled in this task, set
 # per entry by ``enter_consume`` while the read's context holds ``_DELIVERY``.
 _DELIVERY_RAW: ContextVar[bytes | None] = ContextVar("streamkit_delivery_traceparent", default=None)
@@ -256,8 +260,6 @@ class TracingMiddleware(Middleware):
         self._field = field.encode() if field else None
         self._active = self._explicit
         self._recheck_at = -math.inf
-        # (traceparent, base context, context built): see enter_consume.
-        self._last: tuple[object, object, Context] = (None, None, Context())
 
     @property
     def active(self) -> bool:  # type: ignore[override]
@@ -290,31 +292,11 @@ class TracingMiddleware(Middleware):
         field = self._field
         var = _CURRENT
         if field is not None and var is not None and self.follow_parent_sampling:
-            # The common case of a producer sampling at the head, kept lean:
-            # no span, no SDK call, the producer's context parsed only if the
-            # handler asks, and the ContextVar set directly (see
-            # _current_context_var).  The token is the ContextVar's own.
+            # The common case, a producer sampling at the head, inside
+            # consume_read: no span, no SDK call, no context built, the
+            # producer's context parsed only if someone asks (_DeliverySpan).
+            # The token is _DELIVERY_RAW's own.
             raw = message.raw_fields.get(field)
-            base = var.get()
-            if base.get(_SPAN_KEY) is _DELIVERY:  # inside consume_read (the usual case)
-                if (  # _is_unsampled, inline (a call costs a tenth of it)
-                    type(raw) is bytes
-                    and raw[53:] == b"00"
-                    and raw.translate(_CLASSES) == _SHAPE
-                    and raw[:2] == b"00"
-                    and raw[3:35] != _ZERO_TRACE_ID
-                    and raw[36:52] != _ZERO_SPAN_ID
-                ):
-                    return _DELIVERY_RAW.set(raw)
-                return self._enter(message, stream_prefix, consumer_group, member_id)
-            # Outside a read (a parked entry's retry, a direct call): a context
-            # of the entry's own, as the API would build it.
-            last = self._last
-            # Entries of one publish_many share their traceparent: the last
-            # context built is reused (a Context is immutable) when the value
-            # and the surrounding context are the same.
-            if raw == last[0] and base is last[1]:
-                return var.set(last[2])
             if (  # _is_unsampled, inline (a call costs a tenth of it)
                 type(raw) is bytes
                 and raw[53:] == b"00"
@@ -322,21 +304,15 @@ class TracingMiddleware(Middleware):
                 and raw[:2] == b"00"
                 and raw[3:35] != _ZERO_TRACE_ID
                 and raw[36:52] != _ZERO_SPAN_ID
+                and var.get().get(_SPAN_KEY) is _DELIVERY
             ):
-                parent = _new_parent(_UnsampledParent)  # its __init__, without the call
-                parent._raw = raw
-                built = (
-                    Context({**base, _SPAN_KEY: parent}) if base else Context({_SPAN_KEY: parent})
-                )
-                self._last = (raw, base, built)
-                return var.set(built)
+                return _DELIVERY_RAW.set(raw)
         return self._enter(message, stream_prefix, consumer_group, member_id)
 
     def exit_consume(self, token: object, result: ConsumeResult | None) -> None:
         if type(token) is Token:
             try:
-                # _DELIVERY_RAW's, or the API's ContextVar's (only the fast paths make one).
-                token.var.reset(token)
+                _DELIVERY_RAW.reset(token)  # only the fast path makes one
             except ValueError:  # what the API's detach tolerates (and logs)
                 log.exception("failed to restore the tracing context")
         elif type(token) is _Scope:

@@ -98,11 +98,30 @@ def traced_invoker(handler: Any) -> tuple[Any, Any]:
     return invoker, exporter
 
 
+async def handle_read(invoker: Any, messages: list[Any]) -> list[Any]:
+    """One read through the invoker, as the dispatcher runs it: the active
+    ``consume_read`` levels around the entries, handled one by one."""
+    from functools import partial
+
+    from streamkit.middleware import Chain
+
+    async def entries(results: list[Any]) -> list[Any]:
+        for message in messages:
+            results.append(await invoker.invoke(message))
+        return results
+
+    levels = invoker.begin_read()
+    if not levels:
+        return await entries([])
+    return list(await Chain.run(levels, invoker.read_context(messages), partial(entries, [])))
+
+
 async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context() -> None:
-    """TracingMiddleware's inline hooks, run by a real Invoker: on the common
-    path the handler sees what ``attach`` would give it (the ContextVar is set
-    directly), with baggage kept, no span is started, and the caller's
-    context is back afterwards; a sampled producer gets a consumer span."""
+    """TracingMiddleware's read level and inline hooks, run by a real Invoker:
+    on the common path (one context for the read, each entry's value in a
+    ContextVar of streamkit's) the handler sees the producer's span context,
+    with baggage kept, no span is started, and the caller's context is back
+    afterwards; a sampled producer gets a consumer span."""
     from opentelemetry import baggage
     from opentelemetry import context as otel_context
 
@@ -122,27 +141,34 @@ async def test_the_fast_path_runs_the_handler_in_the_producers_unsampled_context
     invoker, exporter = traced_invoker(handler)
 
     raw = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-00"
-    invoker.begin_read()
     token = otel_context.attach(baggage.set_baggage("tenant", "t1"))
     try:
         before = otel_context.get_current()
-        result = await invoker.invoke(Message(_Sink(), 0, b"1-1", {b"traceparent": raw}))
+        (result,) = await handle_read(invoker, [Message(_Sink(), 0, b"1-1", {b"traceparent": raw})])
         assert otel_context.get_current() is before and result.decision is None
     finally:
         otel_context.detach(token)
     assert seen["context"] == _remote_span_context(raw)
     assert seen["recording"] is False and seen["tenant"] == "t1"
-    # The next entry of the same publish_many (same value): the same context,
-    # reused; then another producer's: its own; then the first again, now
-    # outside the baggage context (the reuse also keys on the context around).
+    # Entries of one read, one after the other: each sees its own producer
+    # (two of one publish_many share a value), now outside the baggage.
     other = b"00-" + b"c" * 32 + b"-" + b"d" * 16 + b"-00"
-    for value, tenant in ((raw, None), (other, None)):
-        await invoker.invoke(Message(_Sink(), 0, b"1-3", {b"traceparent": value}))
-        assert seen["context"] == _remote_span_context(value) and seen["tenant"] == tenant
+    contexts = []
+
+    async def recording_handler(message: Message) -> None:
+        await handler(message)
+        contexts.append((seen["context"], seen["tenant"]))
+
+    invoker, exporter = traced_invoker(recording_handler)
+    values = [raw, raw, other, raw]
+    await handle_read(
+        invoker, [Message(_Sink(), 0, b"1-3", {b"traceparent": value}) for value in values]
+    )
+    assert contexts == [(_remote_span_context(value), None) for value in values]
     assert exporter.get_finished_spans() == ()
     # A sampled producer still gets its consumer span, through the full path.
     sampled = Message(_Sink(), 0, b"1-2", {b"traceparent": raw[:-2] + b"01"})
-    await invoker.invoke(sampled)
+    await handle_read(invoker, [sampled])
     (span,) = exporter.get_finished_spans()
     assert span.parent is not None and span.parent.span_id == int("b" * 16, 16)
     assert span.attributes is not None and span.attributes["streamkit.outcome"] == "acked"
@@ -166,9 +192,10 @@ class _Sink:
 @example(b"00-" + b"a" * 32 + b"_" + b"b" * 16 + b"-00")
 def test_the_inline_fast_path_is_taken_exactly_for_an_exact_unsampled_value(raw: bytes) -> None:
     """``enter_consume`` keeps its own copy of ``_is_unsampled`` (inline, it
-    runs per entry): it takes the lean path (a bare ContextVar token) exactly
-    when that says so, and whatever path it takes the handler sees the full
-    parse's decision."""
+    runs per entry): inside a read it takes the lean path (a bare ContextVar
+    token) exactly when that says so, and whatever path it takes the handler
+    sees the full parse's decision."""
+    import asyncio
     from contextvars import Token
 
     from opentelemetry import context as otel_context
@@ -177,22 +204,34 @@ def test_the_inline_fast_path_is_taken_exactly_for_an_exact_unsampled_value(raw:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from streamkit.consumer.message import Message
+    from streamkit.middleware import ReadContext
     from streamkit.observability.tracing import TracingMiddleware, _is_unsampled
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()  # records every span it is asked for
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     middleware = TracingMiddleware(tracer=provider.get_tracer("t"))
-    before = otel_context.get_current()
-    token = middleware.enter_consume(
-        Message(_Sink(), 0, b"1-1", {b"traceparent": raw}), "s", "g", "m"
-    )
-    try:
-        span = trace.get_current_span()
-        seen, recording = span.get_span_context(), span.is_recording()
-    finally:
-        middleware.exit_consume(token, None)
-    assert otel_context.get_current() is before
+    message = Message(_Sink(), 0, b"1-1", {b"traceparent": raw})
+
+    async def one_entry() -> list[Any]:
+        nonlocal token, seen, recording
+        token = middleware.enter_consume(message, "s", "g", "m")
+        try:
+            span = trace.get_current_span()
+            seen, recording = span.get_span_context(), span.is_recording()
+        finally:
+            middleware.exit_consume(token, None)
+        return []
+
+    async def read() -> None:
+        before = otel_context.get_current()
+        await middleware.consume_read(ReadContext([message], "s", "g", "m"), one_entry)
+        assert otel_context.get_current() is before
+
+    token: object = None
+    seen: trace.SpanContext | None = None
+    recording = False
+    asyncio.run(read())
     assert (type(token) is Token) == _is_unsampled(raw)
     full = _remote_span_context(raw)
     if full is not None and not full.trace_flags.sampled:
@@ -205,15 +244,17 @@ def test_the_inline_fast_path_is_taken_exactly_for_an_exact_unsampled_value(raw:
     assert consumer.parent == full
 
 
+@pytest.mark.parametrize("in_read", [True, False], ids=["in a read", "alone"])
 @pytest.mark.parametrize("runtime", ["default", "another"])
 async def test_what_the_handler_sees_for_each_kind_of_entry(
-    runtime: str, monkeypatch: pytest.MonkeyPatch
+    runtime: str, in_read: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Through a real Invoker, with the API's default runtime context (the
-    lean path sets its ContextVar directly) and with another one, as chosen
-    with ``OTEL_PYTHON_CONTEXT`` (everything goes through the API): a
-    sampled-out producer, a sampled one, no ``traceparent`` and a malformed
-    one.  The handler sees the same in both, and the caller's context is back."""
+    """Through a real Invoker, with the API's default runtime context (inside
+    a read, the lean path) and with another one, as chosen with
+    ``OTEL_PYTHON_CONTEXT`` (everything goes through the API), in a read and
+    alone (a parked entry's retry runs outside one): a sampled-out producer,
+    a sampled one, no ``traceparent`` and a malformed one.  The handler sees
+    the same in every case, and the caller's context is back."""
     from opentelemetry import context as otel_context
     from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 
@@ -248,7 +289,8 @@ async def test_what_the_handler_sees_for_each_kind_of_entry(
         {},
         {b"traceparent": malformed},
     ):
-        await invoker.invoke(Message(_Sink(), 0, b"1-1", fields))
+        message = Message(_Sink(), 0, b"1-1", fields)
+        await (handle_read(invoker, [message]) if in_read else invoker.invoke(message))
         assert otel_context.get_current() is before
     spans = exporter.get_finished_spans()
     # The sampled-out producer's own context, not recording, no consumer span.
@@ -260,3 +302,43 @@ async def test_what_the_handler_sees_for_each_kind_of_entry(
     # No traceparent, or a malformed one: a consumer span in a new trace.
     for (context, recording), span in zip(seen[2:], spans[1:], strict=True):
         assert recording and context == span.context and span.parent is None
+
+
+async def test_a_task_the_handler_starts_keeps_its_entrys_trace() -> None:
+    """The read's context holds one span for every sampled-out entry, which
+    reads the entry from a ContextVar: a task started by a handler copies it,
+    so it still sees its own entry's producer after the handler returned and
+    later entries ran; between entries the span names no parent."""
+    import asyncio
+
+    from streamkit.consumer.message import Message
+
+    started: list[asyncio.Task[trace.SpanContext]] = []
+    gate = asyncio.Event()
+    between: list[trace.SpanContext] = []
+
+    async def later() -> trace.SpanContext:
+        await gate.wait()
+        return trace.get_current_span().get_span_context()
+
+    async def handler(message: Message) -> None:
+        started.append(asyncio.get_running_loop().create_task(later()))
+
+    invoker, exporter = traced_invoker(handler)
+    values = [b"00-" + bytes([c]) * 32 + b"-" + b"b" * 16 + b"-00" for c in b"abc"]
+    messages = [Message(_Sink(), 0, b"1-1", {b"traceparent": value}) for value in values]
+
+    async def handle_then_look(results: list[Any]) -> list[Any]:
+        for message in messages:
+            results.append(await invoker.invoke(message))
+            between.append(trace.get_current_span().get_span_context())
+        return results
+
+    from streamkit.middleware import Chain
+
+    levels = invoker.begin_read()
+    await Chain.run(levels, invoker.read_context(messages), lambda: handle_then_look([]))
+    gate.set()
+    assert [await task for task in started] == [_remote_span_context(v) for v in values]
+    assert between == [trace.INVALID_SPAN_CONTEXT] * 3
+    assert exporter.get_finished_spans() == ()
