@@ -140,3 +140,24 @@ async def test_a_client_made_elsewhere_works_too(redis_server: RedisServer) -> N
         assert replies[1] == "v"
     finally:
         await client.aclose()
+
+
+@pytest.mark.redis
+async def test_a_write_to_a_lost_connection_fails_as_redis_py_fails_it(
+    redis_server: RedisServer,
+) -> None:
+    """The lean pipeline writes without redis-py's per-write timer: a write
+    that fails is still redis-py's ``ConnectionError``, the connection is
+    dropped, and the next call gets a working one."""
+    client = connect_redis(redis_server.url)
+    try:
+        await send_command(client, "SET", "lean:w", "v")
+        (conn,) = client.connection_pool._available_connections  # type: ignore[union-attr]
+        conn._writer.transport.abort()  # the socket is gone under the idle connection
+        await anyio.sleep(0.05)
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await send_command(client, "GET", "lean:w")
+        assert not conn.is_connected
+        assert await send_command(client, "GET", "lean:w") == b"v"
+    finally:
+        await client.aclose()
