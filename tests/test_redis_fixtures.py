@@ -147,3 +147,28 @@ def test_cluster_with_a_replica_per_primary_fails_over() -> None:
         assert replica in cluster.current_primaries()
         assert len(cluster.current_primaries()) == 3
         cluster.flushall()  # a replica would answer READONLY
+
+
+def test_a_server_handed_a_taken_port_does_not_take_the_other_for_its_own(
+    private_redis_server: RedisServer,
+) -> None:
+    """A second server started on the port of a running one must fail (with a
+    fixed port) instead of taking the first one's PING as its own: two nodes
+    of one test cluster were once handed one port and the cluster never
+    converged."""
+    from streamkit.testing.redis_server import RedisServerError
+
+    twin = RedisServer(private_redis_server.port, startup_timeout=5.0)
+    with pytest.raises(RedisServerError, match="already in use"):
+        twin.start()
+    assert not twin.is_running() and private_redis_server.is_running()
+
+
+def test_cluster_nodes_get_distinct_ports_and_bus_ports() -> None:
+    from streamkit.testing.process import CLUSTER_BUS_PORT_OFFSET
+
+    for _ in range(20):  # construction starts nothing
+        cluster = RedisCluster(3, replicas=1)
+        ports = [node.port for node in cluster.nodes]
+        every = ports + [port + CLUSTER_BUS_PORT_OFFSET for port in ports]
+        assert len(set(every)) == len(every)

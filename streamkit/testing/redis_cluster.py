@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Self
 
-from streamkit.testing.process import HOST, Launched
+from streamkit.testing.process import CLUSTER_BUS_PORT_OFFSET, HOST, Launched
 from streamkit.testing.redis_server import RedisServer, RedisServerError, which
 
 __all__ = ["CLUSTER_SLOTS", "RedisCluster"]
@@ -61,16 +61,23 @@ class RedisCluster(Launched):
         self._startup_timeout = startup_timeout
         self.primaries = primaries
         self.replicas = replicas
-        self.nodes: list[RedisServer] = [
-            RedisServer(
+        self.nodes: list[RedisServer] = []
+        taken: set[int] = set()
+        for _ in range(primaries * (1 + replicas)):
+            node = RedisServer(
                 cluster_enabled=True,
                 cluster_node_timeout_ms=node_timeout_ms,
                 executable=executable,
                 extra_args=extra_args,
                 die_with_parent=die_with_parent,
             )
-            for _ in range(primaries * (1 + replicas))
-        ]
+            # free_port() probes one port at a time and lets it go, so two
+            # nodes can be handed the same port, or one node's port can be
+            # another's cluster bus port.
+            while {node.port, node.port + CLUSTER_BUS_PORT_OFFSET} & taken:
+                node._new_port()
+            taken |= {node.port, node.port + CLUSTER_BUS_PORT_OFFSET}
+            self.nodes.append(node)
 
     @property
     def url(self) -> str:

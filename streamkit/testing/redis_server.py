@@ -273,7 +273,10 @@ class RedisServer(ManagedProcess):
                     socket_timeout=0.5, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
                 )
                 with probe as conn:
-                    if conn.ping():
+                    # The server that answers must be ours: when two servers
+                    # were handed one port, the second one's PING reaches the
+                    # first before the second exits with "Address already in use".
+                    if conn.ping() and conn.info("server")["process_id"] == self._proc.pid:
                         return
             except (RedisConnectionError, RedisTimeoutError, BusyLoadingError) as exc:
                 last_error = exc
