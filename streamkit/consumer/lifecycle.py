@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from streamkit.connections import AsyncRedis
 from streamkit.consumer.member import MemberStateMachine
+from streamkit.forwarding import Forward
 from streamkit.routing import stream_key
 
 __all__ = ["ShardContext", "ShardLifecycle", "monotonic_ms"]
@@ -95,18 +96,11 @@ class ShardContext:
             raise RuntimeError("this ShardContext is not attached to a running member")
         self._spawn(fn, *args)
 
-    @property
-    def member_id(self) -> str:
-        return self._machine.member_id
-
-    @property
-    def consumer_name(self) -> str:
-        """The Redis consumer name of this member (its member id)."""
-        return self._machine.member_id
-
-    @property
-    def epoch(self) -> int:
-        return self._machine.epoch
+    member_id = Forward[str]("_machine")
+    consumer_name = Forward[str](
+        "_machine", "member_id", doc="The Redis consumer name of this member (its member id)."
+    )
+    epoch = Forward[int]("_machine")
 
     @property
     def owned_shards(self) -> frozenset[int]:

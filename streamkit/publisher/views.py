@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from opentelemetry import trace
 
+from streamkit.forwarding import Forward, WritableForward
 from streamkit.publisher.coalescer import CommandCoalescer
 from streamkit.publisher.refresher import RoutingRefresher
 from streamkit.publisher.router import Router
@@ -21,53 +22,37 @@ class PublisherViews:
     _coalescer: CommandCoalescer | None
     _router: Router
 
-    @property
-    def tracer(self) -> trace.Tracer:
-        """Where spans go; by default ``trace.get_tracer("streamkit")``.
+    tracer = WritableForward[trace.Tracer](
+        "_tracing",
+        doc="""Where spans go; by default ``trace.get_tracer("streamkit")``.
 
         With the default, a tracer provider installed after the publisher was
         created is noticed within one routing refresh interval.
-        """
-        return self._tracing.tracer
-
-    @tracer.setter
-    def tracer(self, tracer: trace.Tracer) -> None:
-        self._tracing.tracer = tracer
-
-    @property
-    def trace_context_field(self) -> str | None:
-        """Entry field carrying the W3C ``traceparent`` of the producer span
-        (consumers link their span to it); None: not written."""
-        return self._tracing.trace_context_field
-
-    @trace_context_field.setter
-    def trace_context_field(self, field: str | None) -> None:
-        self._tracing.trace_context_field = field
+        """,
+    )
+    trace_context_field = WritableForward[str | None](
+        "_tracing",
+        doc="""Entry field carrying the W3C ``traceparent`` of the producer span
+        (consumers link their span to it); None: not written.""",
+    )
 
     @property
     def coalescer(self) -> CommandCoalescer | None:
         """What turns concurrent ``publish`` calls into pipelines (None when off)."""
         return self._coalescer
 
-    @property
-    def routing_cache(self) -> RoutingCache:
-        """The cache itself (read it, do not drive it): version, age, failure counters."""
-        return self._router.cache
-
-    @property
-    def refresher(self) -> RoutingRefresher:
-        """Refresh counters: ``started`` (requests), ``refreshes``, ``replacements``."""
-        return self._router.refresher
-
-    @property
-    def stale_refreshes(self) -> int:
-        """Publishes that found a stale route (or a newer version) and refreshed."""
-        return self._router.stale_refreshes
-
-    @property
-    def routing_failures(self) -> int:
-        """Publishes refused for lack of a usable route."""
-        return self._router.routing_failures
+    routing_cache = Forward[RoutingCache](
+        "_router",
+        "cache",
+        doc="The cache itself (read it, do not drive it): version, age, failure counters.",
+    )
+    refresher = Forward[RoutingRefresher](
+        "_router", doc="Refresh counters: ``started`` (requests), ``refreshes``, ``replacements``."
+    )
+    stale_refreshes = Forward[int](
+        "_router", doc="Publishes that found a stale route (or a newer version) and refreshed."
+    )
+    routing_failures = Forward[int]("_router", doc="Publishes refused for lack of a usable route.")
 
     @property
     def metadata_version(self) -> int | None:
