@@ -1,13 +1,15 @@
 """The helpers the consumer and publisher share: one backoff, one way to find
-an error inside a task group's exception group."""
+an error inside a task group's exception group, one forwarding descriptor."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from streamkit.backoff import jittered_backoff
 from streamkit.errors import StreamkitError, first_leaf
+from streamkit.forwarding import Forward, WritableForward
 
 
 @given(
@@ -55,3 +57,30 @@ def test_first_leaf_finds_an_error_in_nested_groups() -> None:
     assert first_leaf(group, StreamkitError) is wanted
     assert first_leaf(group, LookupError) is group.exceptions[1].exceptions[0]  # type: ignore[attr-defined]
     assert first_leaf(ExceptionGroup("none", [ValueError("x")]), StreamkitError) is None
+
+
+class _Part:
+    count = 0
+    label = "a"
+
+
+class _Owner:
+    def __init__(self) -> None:
+        self._part = _Part()
+
+    count = Forward[int]("_part", doc="The part's count.")
+    renamed = Forward[int]("_part", "count")
+    label = WritableForward[str]("_part")
+
+
+def test_forward_reads_and_writes_through_to_the_part() -> None:
+    owner = _Owner()
+    owner._part.count = 3
+    assert (owner.count, owner.renamed) == (3, 3)
+    owner.label = "b"
+    assert owner._part.label == "b" and owner.label == "b"
+    # As a property without a setter: assigning fails, no instance attribute hides the view.
+    with pytest.raises(AttributeError, match=r"_Owner\.count is read-only"):
+        owner.count = 4  # type: ignore[assignment]
+    assert owner.count == 3 and "count" not in vars(owner)
+    assert _Owner.count.__doc__ == "The part's count."
