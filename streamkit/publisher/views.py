@@ -16,7 +16,7 @@ __all__ = ["PublisherViews"]
 
 
 class PublisherViews:
-    """Properties over the publisher's parts (set by ``Publisher.__init__``)."""
+    """Views of the publisher's parts (set by ``Publisher.__init__``)."""
 
     _tracing: ProducerTracing
     _coalescer: CommandCoalescer | None
