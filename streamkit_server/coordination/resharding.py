@@ -254,9 +254,9 @@ class ReshardingService:
     async def advance(self, stream_prefix: str, names: Sequence[str]) -> None:
         """Do the Redis work the stream's active migrations wait for (one pass)."""
         lock = self.service.stream_lock(stream_prefix)
-        if not await lock.try_acquire():
-            return  # a scale or rollback is running; next pass
-        try:
+        async with lock.attempt() as held:
+            if not held:
+                return  # a scale or rollback is running; next pass
             record = await read_record(self.service.store, stream_prefix)
             # The record also names groups the index may have lost.
             names = sorted({*names, *(record.groups if record is not None else ())})
@@ -277,8 +277,6 @@ class ReshardingService:
             await self.service.sync_stream_record(
                 stream_prefix, await self.service.load_groups(stream_prefix, names), record
             )
-        finally:
-            await lock.aclose()
 
     async def _finish_provisioning(
         self, prefix: str, rid: str, groups: Mapping[str, GroupMetadata], lock: StreamLock
