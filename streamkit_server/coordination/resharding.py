@@ -49,6 +49,7 @@ from streamkit_server.core import (
     CoordinatorConfig,
     GroupMetadata,
     MigrationRecord,
+    ReshardingSpec,
     Result,
     apply_drain_probe,
     apply_retirement,
@@ -172,11 +173,11 @@ class ReshardingService:
             rid = _new_resharding_id()
             names = sorted(groups)  # those that still exist
             known = set().union(*(g.known_shards() for g in groups.values()))
-            start = functools.partial(
-                _start, layout=layout, target=target, rid=rid, ordered=ordered,
-                requested_by=requested_by, reason=reason, avoid=frozenset(known),
-                config=service.config,
+            spec = ReshardingSpec(
+                resharding_id=rid, target_shard_count=target, requested_by=requested_by,
+                reason=reason, ordered=ordered, avoid=frozenset(known),
             )  # fmt: skip
+            start = functools.partial(_start, layout=layout, spec=spec, config=service.config)
             started: list[str] = []
             try:
                 for name in names:
@@ -392,22 +393,14 @@ def _start(
     now: int,
     *,
     layout: tuple[int, ...],
-    target: int,
-    rid: str,
-    ordered: bool,
-    requested_by: str,
-    reason: str | None,
-    avoid: frozenset[int],
+    spec: ReshardingSpec,
     config: CoordinatorConfig,
 ) -> Result[GroupMetadata]:
     if tuple(group.layout) != layout:
         raise CoordinatorError(
             "LAYOUT_CHANGED", "the stream's layout changed during the request; retry"
         )
-    return start_resharding(
-        group, target, now, resharding_id=rid, requested_by=requested_by, reason=reason,
-        ordered=ordered, avoid=avoid, config=config,
-    )  # fmt: skip
+    return start_resharding(group, spec, now, config)
 
 
 def _bind(
