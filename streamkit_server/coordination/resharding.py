@@ -49,6 +49,7 @@ from streamkit_server.core import (
     CoordinatorConfig,
     GroupMetadata,
     MigrationRecord,
+    ReshardingSpec,
     Result,
     apply_drain_probe,
     apply_retirement,
@@ -172,11 +173,11 @@ class ReshardingService:
             rid = _new_resharding_id()
             names = sorted(groups)  # those that still exist
             known = set().union(*(g.known_shards() for g in groups.values()))
-            start = functools.partial(
-                _start, layout=layout, target=target, rid=rid, ordered=ordered,
-                requested_by=requested_by, reason=reason, avoid=frozenset(known),
-                config=service.config,
+            spec = ReshardingSpec(
+                resharding_id=rid, target_shard_count=target, requested_by=requested_by,
+                reason=reason, ordered=ordered, avoid=frozenset(known),
             )  # fmt: skip
+            start = functools.partial(_start, layout=layout, spec=spec, config=service.config)
             started: list[str] = []
             try:
                 for name in names:
@@ -254,9 +255,9 @@ class ReshardingService:
     async def advance(self, stream_prefix: str, names: Sequence[str]) -> None:
         """Do the Redis work the stream's active migrations wait for (one pass)."""
         lock = self.service.stream_lock(stream_prefix)
-        if not await lock.try_acquire():
-            return  # a scale or rollback is running; next pass
-        try:
+        async with lock.attempt() as held:
+            if not held:
+                return  # a scale or rollback is running; next pass
             record = await read_record(self.service.store, stream_prefix)
             # The record also names groups the index may have lost.
             names = sorted({*names, *(record.groups if record is not None else ())})
@@ -277,8 +278,6 @@ class ReshardingService:
             await self.service.sync_stream_record(
                 stream_prefix, await self.service.load_groups(stream_prefix, names), record
             )
-        finally:
-            await lock.aclose()
 
     async def _finish_provisioning(
         self, prefix: str, rid: str, groups: Mapping[str, GroupMetadata], lock: StreamLock
@@ -394,22 +393,14 @@ def _start(
     now: int,
     *,
     layout: tuple[int, ...],
-    target: int,
-    rid: str,
-    ordered: bool,
-    requested_by: str,
-    reason: str | None,
-    avoid: frozenset[int],
+    spec: ReshardingSpec,
     config: CoordinatorConfig,
 ) -> Result[GroupMetadata]:
     if tuple(group.layout) != layout:
         raise CoordinatorError(
             "LAYOUT_CHANGED", "the stream's layout changed during the request; retry"
         )
-    return start_resharding(
-        group, target, now, resharding_id=rid, requested_by=requested_by, reason=reason,
-        ordered=ordered, avoid=avoid, config=config,
-    )  # fmt: skip
+    return start_resharding(group, spec, now, config)
 
 
 def _bind(

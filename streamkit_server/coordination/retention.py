@@ -3,7 +3,7 @@
 A stream's retention (``core/retention.py``) is applied by a janitor task of
 its own interval (``STREAMKIT_SERVER_RETENTION_INTERVAL_MS``) in every
 coordinator process.  For one stream at a time it takes the stream lock with
-a single attempt (``StreamLock.try_acquire``, as the tick loop does for
+a single attempt (``StreamLock.attempt``, as the tick loop does for
 migrations), so only one process trims a given stream and no scale, rollback
 or group create runs meanwhile; a busy stream is simply tried next pass.
 
@@ -186,9 +186,9 @@ class RetentionJanitor:
     ) -> list[ShardTrim] | None:
         service = self.service
         lock = service.stream_lock(prefix)
-        if not await lock.try_acquire():
-            return None
-        try:
+        async with lock.attempt() as held:
+            if not held:
+                return None
             names = await stream_group_names(service.store, prefix, record)
             groups = await service.load_groups(prefix, names)
             shards: set[int] = set()
@@ -203,8 +203,6 @@ class RetentionJanitor:
                     if not trim.more:
                         break
             return trims
-        finally:
-            await lock.aclose()
 
     def _export(
         self, prefix: str, policy: RetentionPolicy, trims: list[ShardTrim]

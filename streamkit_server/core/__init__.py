@@ -28,6 +28,7 @@ from .model import (
 )
 from .resharding import (
     ReshardingRejected,
+    ReshardingSpec,
     ReshardingWork,
     apply_drain_probe,
     apply_retirement,
@@ -71,6 +72,7 @@ __all__ = [
     "MigrationRecord",
     "Observation",
     "ReshardingRejected",
+    "ReshardingSpec",
     "ReshardingWork",
     "Result",
     "Seen",

@@ -59,60 +59,66 @@ class ReshardingWork:
     retire: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReshardingSpec:
+    """One scale of a stream, as each of its groups records it (``start_resharding``)."""
+
+    resharding_id: str
+    target_shard_count: int
+    #: Who asked and why (the audit trail of the migration record).
+    requested_by: str | None = None
+    reason: str | None = None
+    #: Keep per-key order: the new shards are read only once the old ones are drained.
+    ordered: bool = False
+    #: Shard numbers new shards must not take.  New shards get the lowest
+    #: numbers that neither the group nor ``avoid`` uses: the server passes
+    #: every shard any group of the stream knows, so all groups of a stream
+    #: allocate the same numbers.
+    avoid: Collection[int] = ()
+
+
 def start_resharding(
     group: GroupMetadata,
-    target_shard_count: int,
+    spec: ReshardingSpec,
     now_ms: int,
-    *,
-    resharding_id: str,
-    requested_by: str | None = None,
-    reason: str | None = None,
-    ordered: bool = False,
-    avoid: Collection[int] = (),
     config: CoordinatorConfig | None = None,
 ) -> Result[GroupMetadata]:
-    """Record a PREPARING migration to ``target_shard_count`` shards.
-
-    New shards get the lowest numbers that neither this group nor ``avoid``
-    uses: the server passes every shard any group of the stream knows, so all
-    groups of a stream allocate the same numbers.
-    """
-    if target_shard_count < 0:
+    """Record a PREPARING migration to ``spec.target_shard_count`` shards."""
+    target = spec.target_shard_count
+    if target < 0:
         raise ReshardingRejected("INVALID_TARGET_SHARD_COUNT", "targetShardCount must be 0 or more")
     if group.active_migration() is not None:
         raise ReshardingRejected(
             "ACTIVE_MIGRATION_EXISTS",
             f"{group.stream_prefix}/{group.consumer_group} already has an active migration",
         )
-    if target_shard_count == group.shard_count and not ordered:
-        raise ReshardingRejected(
-            "SHARD_COUNT_UNCHANGED", f"the stream already has {target_shard_count} shards"
-        )
+    if target == group.shard_count and not spec.ordered:
+        raise ReshardingRejected("SHARD_COUNT_UNCHANGED", f"the stream already has {target} shards")
     layout = group.layout
-    if ordered:
+    if spec.ordered:
         # Children get shards of their own: none of the parents' streams is
         # reused, so "every parent drained" is a per-stream fact.
-        added = _fresh_shards(group, target_shard_count, avoid)
+        added = _fresh_shards(group, target, spec.avoid)
         new_layout, removed = added, list(layout)
-    elif target_shard_count > group.shard_count:
-        added = _fresh_shards(group, target_shard_count - group.shard_count, avoid)
+    elif target > group.shard_count:
+        added = _fresh_shards(group, target - group.shard_count, spec.avoid)
         new_layout, removed = [*layout, *added], []
     else:
-        added, new_layout, removed = [], layout[:target_shard_count], layout[target_shard_count:]
+        added, new_layout, removed = [], layout[:target], layout[target:]
     record = MigrationRecord(
-        resharding_id=resharding_id,
+        resharding_id=spec.resharding_id,
         from_shard_count=group.shard_count,
-        to_shard_count=target_shard_count,
+        to_shard_count=target,
         state=MigrationState.PREPARING,
         created_at_ms=now_ms,
         updated_at_ms=now_ms,
-        requested_by=requested_by,
-        reason=reason,
+        requested_by=spec.requested_by,
+        reason=spec.reason,
         previous_layout=list(layout),
         new_layout=new_layout,
         added_shards=added,
         removed_shards=removed,
-        ordered=ordered,
+        ordered=spec.ordered,
     )
     draft = Draft(group, now_ms, config or CoordinatorConfig())
     draft.group.migrations = [*group.migrations, record]

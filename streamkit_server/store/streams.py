@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 
 from redis.exceptions import RedisError
 
@@ -70,11 +71,24 @@ class StreamLock(AsyncClosing):
         self._renewal: asyncio.Task[None] | None = None
 
     async def try_acquire(self) -> bool:
-        """One attempt, for the tick loop: it comes back next pass instead of waiting."""
+        """One attempt; True when it took the lock."""
         if not await self.store.try_lock(self.key, self.token, self.ttl_ms):
             return False
         self._renewal = asyncio.create_task(self._renew(), name=f"stream-lock-{self.key}")
         return True
+
+    @contextlib.asynccontextmanager
+    async def attempt(self) -> AsyncIterator[bool]:
+        """``async with lock.attempt() as held:`` one attempt, released on the way
+        out when taken.  For the periodic passes (migrations, retention): a busy
+        stream is skipped and comes back next pass instead of waiting."""
+        if not await self.try_acquire():
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            await self.aclose()
 
     async def start(self) -> None:
         """Wait for the lock, up to ``wait_ms``."""

@@ -29,6 +29,7 @@ from streamkit_server.core import (
     GroupMetadata,
     MemberRemoved,
     MemberUpserted,
+    ReshardingSpec,
     Result,
     apply_drain_probe,
     apply_retirement,
@@ -190,7 +191,11 @@ class Harness:
 
     def start(self, target: int, rid: str, **kw: object) -> GroupMetadata:
         return self.apply(
-            start_resharding(self.group, target, self.now, resharding_id=rid, **kw)  # type: ignore[arg-type]
+            start_resharding(
+                self.group,
+                ReshardingSpec(resharding_id=rid, target_shard_count=target, **kw),  # type: ignore[arg-type]
+                self.now,
+            )
         )
 
     def complete(self, rid: str) -> GroupMetadata:

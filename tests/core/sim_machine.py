@@ -23,6 +23,7 @@ from streamkit.protocol import (
 from streamkit_server.core import (
     GroupMetadata,
     ReshardingRejected,
+    ReshardingSpec,
     Result,
     assign,
     new_group,
@@ -393,7 +394,8 @@ class ProtocolSimulation(RuleBasedStateMachine):
 
         def op(group: GroupMetadata) -> Result[Any]:
             try:
-                return start_resharding(group, shards, self.now, resharding_id=rid, ordered=ordered)
+                spec = ReshardingSpec(resharding_id=rid, target_shard_count=shards, ordered=ordered)
+                return start_resharding(group, spec, self.now)
             except ReshardingRejected:
                 return unchanged(group)
 

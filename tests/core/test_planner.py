@@ -9,6 +9,7 @@ from hypothesis import given
 from streamkit.protocol import MigrationState
 from streamkit_server.core import (
     GroupMetadata,
+    ReshardingSpec,
     complete_provisioning,
     new_group,
     start_resharding,
@@ -38,7 +39,8 @@ def _state(result: object) -> GroupMetadata:
 
 def preparing(name: str, shards: int = 8, target: int = 3) -> GroupMetadata:
     group = new_group("orders", name, shards, 0)
-    return _state(start_resharding(group, target, 0, resharding_id="r1", config=CONFIG))
+    spec = ReshardingSpec(resharding_id="r1", target_shard_count=target)
+    return _state(start_resharding(group, spec, 0, CONFIG))
 
 
 def draining(name: str) -> GroupMetadata:

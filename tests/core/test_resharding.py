@@ -7,6 +7,7 @@ import pytest
 from streamkit.protocol import MigrationState
 from streamkit_server.core import (
     ReshardingRejected,
+    ReshardingSpec,
     new_group,
     pending_work,
     rollback_resharding,
@@ -148,17 +149,21 @@ def test_scale_to_zero_routes_nothing_and_drains_everything() -> None:
     assert set(h.group.target) == {0, 1, 2}  # still read until drained
 
 
+def _spec(target: int, rid: str) -> ReshardingSpec:
+    return ReshardingSpec(resharding_id=rid, target_shard_count=target)
+
+
 def test_one_active_migration_at_a_time_and_bad_targets_are_rejected() -> None:
     h = with_members(4, ["a"])
     with pytest.raises(ReshardingRejected) as same:
-        start_resharding(h.group, 4, h.now, resharding_id="x")
+        start_resharding(h.group, _spec(4, "x"), h.now)
     assert same.value.error_code == "SHARD_COUNT_UNCHANGED"
     with pytest.raises(ReshardingRejected) as negative:
-        start_resharding(h.group, -1, h.now, resharding_id="x")
+        start_resharding(h.group, _spec(-1, "x"), h.now)
     assert negative.value.error_code == "INVALID_TARGET_SHARD_COUNT"
     h.start(6, "r1")
     with pytest.raises(ReshardingRejected) as busy:
-        start_resharding(h.group, 8, h.now, resharding_id="r2")
+        start_resharding(h.group, _spec(8, "r2"), h.now)
     assert busy.value.error_code == "ACTIVE_MIGRATION_EXISTS"
 
 
