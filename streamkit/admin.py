@@ -9,9 +9,8 @@ and ``errorCode`` the coordinator answered.
 from __future__ import annotations
 
 import getpass
-import re
 import socket
-from typing import Final, Literal, TypedDict
+from typing import Literal, TypedDict
 from urllib.parse import quote
 
 from streamkit.coordinator_client import CoordinatorClient, CoordinatorError
@@ -26,6 +25,7 @@ from streamkit.protocol import (
     StreamScaleResponse,
     WireModel,
 )
+from streamkit.protocol.durations import format_duration, parse_duration
 
 __all__ = [
     "Audit",
@@ -179,27 +179,6 @@ async def set_retention(
     body = _SetRetention(**retention.model_dump(), **audit)
     path = _stream_path(stream_prefix, "retention")
     return await client._call("PUT", path, RetentionAnswer, body=body)
-
-
-_UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
-                 "w": 604_800_000}  # fmt: skip
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|w)?\s*$")
-
-
-def parse_duration(text: str) -> int:
-    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"500ms"`` or plain ms -> milliseconds."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a duration (e.g. 7d, 12h, 30m, 45s, 500ms)")
-    return int(match.group(1)) * _UNITS[match.group(2) or "ms"]
-
-
-def format_duration(ms: int) -> str:
-    """The largest whole unit: 604800000 -> ``"7d"``, 90000 -> ``"90s"``."""
-    for unit in ("d", "h", "m", "s"):
-        if ms and ms % _UNITS[unit] == 0:
-            return f"{ms // _UNITS[unit]}{unit}"
-    return f"{ms}ms"
 
 
 def is_conflict(exc: CoordinatorError, *codes: str) -> bool:

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
+from streamkit.protocol.durations import format_duration
+
 from .errors import Rejected
 
 __all__ = [
@@ -49,18 +51,6 @@ StreamId: TypeAlias = tuple[int, int]
 #: Bounds of a policy (a typo such as ``--max-age 7000d`` is refused, not obeyed).
 MAX_RETENTION_AGE_MS: Final = 3650 * 86_400_000
 MAX_RETENTION_LENGTH: Final = 2**53
-
-#: The units ``streamkit stream retention --max-age`` takes (``streamkit.admin``).
-_UNITS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
-                 "w": 604_800_000}  # fmt: skip
-
-
-def format_duration(ms: int) -> str:
-    """The largest whole unit: 604800000 -> ``"7d"``, 90000 -> ``"90s"``."""
-    for unit in ("d", "h", "m", "s"):
-        if ms and ms % _UNITS[unit] == 0:
-            return f"{ms // _UNITS[unit]}{unit}"
-    return f"{ms}ms"
 
 
 def parse_id(text: str) -> StreamId:
